@@ -1,0 +1,254 @@
+//! Finding the CUDA toolkit.
+//!
+//! Pure logic over an environment lookup and the file system, so that the
+//! integration tests of `cuda-mem-sys` can drive it over temporary folders
+//! (`tests/discovery.rs` includes this file with `#[path]`).
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The environment variables consulted, in order. Each one is registered with
+/// `cargo:rerun-if-env-changed` by the caller's lookup function.
+pub const ENV_VARS: [&str; 4] = [
+    "CUDA_PATH",
+    "CUDA_HOME",
+    "CUDA_ROOT",
+    "CUDA_TOOLKIT_ROOT_DIR",
+];
+
+/// Folders, below a candidate root, that may hold cudart.
+pub const LIB_DIRS: [&str; 3] = ["lib64", "lib", "lib/x86_64-linux-gnu"];
+
+/// Subfolders of a Python `site-packages` folder where NVIDIA's wheels put the runtime:
+/// `nvidia/cu13` (CUDA 13 wheels) and `nvidia/cuda_runtime` (CUDA 12 wheels).
+pub const WHEEL_DIRS: [&str; 2] = ["nvidia/cu13", "nvidia/cuda_runtime"];
+
+/// Wheel folders that may hold the `crt/` headers that `cuda_runtime_api.h` includes, for
+/// the CUDA 12 layout where they ship in the compiler's wheel.
+pub const WHEEL_CRT_DIRS: [&str; 2] = ["nvidia/cuda_nvcc/include", "nvidia/cuda_crt/include"];
+
+/// A toolkit that has the runtime API header and cudart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Toolkit {
+    /// The root folder (the one with `include/`).
+    pub root: PathBuf,
+    /// Header folders to pass to the compiler, `root/include` first.
+    pub include_dirs: Vec<PathBuf>,
+    /// The folder that holds cudart.
+    pub lib_dir: PathBuf,
+    /// How the toolkit was found, for messages.
+    pub found_by: String,
+}
+
+impl Toolkit {
+    /// The first include folder, the one with `cuda_runtime_api.h`.
+    pub fn include_dir(&self) -> &Path {
+        &self.include_dirs[0]
+    }
+}
+
+/// What was tried when no toolkit was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotFound {
+    /// One line per candidate: where, and why it did not count.
+    pub tried: Vec<String>,
+}
+
+impl fmt::Display for NotFound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "cuda-mem-sys: no CUDA toolkit found.")?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "A toolkit counts when it has include/cuda_runtime_api.h and cudart \
+             (libcudart_static.a or libcudart.so) in lib64/, lib/ or lib/x86_64-linux-gnu/."
+        )?;
+        writeln!(f, "Tried, in order:")?;
+        for t in &self.tried {
+            writeln!(f, "  - {t}")?;
+        }
+        writeln!(f)?;
+        writeln!(f, "Install one of these, then build again:")?;
+        writeln!(
+            f,
+            "  - Debian/Ubuntu packages:  sudo apt-get install nvidia-cuda-toolkit"
+        )?;
+        writeln!(
+            f,
+            "  - NVIDIA's installer or repository: https://developer.nvidia.com/cuda-downloads \
+             (installs /usr/local/cuda)"
+        )?;
+        writeln!(
+            f,
+            "  - the runtime wheels (no GPU needed to build):  python3 -m pip install \
+             nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88"
+        )?;
+        writeln!(
+            f,
+            "    or, in this repository, scripts/setup.sh (puts them in .cuda/13.0)"
+        )?;
+        writeln!(f)?;
+        write!(
+            f,
+            "Or point CUDA_PATH at a toolkit root. To build documentation only, set \
+             CUDA_MEM_SYS_FALLBACK_BINDINGS=1 (uses the committed bindings, links nothing)."
+        )
+    }
+}
+
+/// Where to look, gathered from the outside world by the caller.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// Value of each of [`ENV_VARS`], in order (`None` when unset).
+    pub env: Vec<(String, Option<OsString>)>,
+    /// The `PATH` variable.
+    pub path: Option<OsString>,
+    /// Fixed system folders: `/usr/local/cuda`, `/opt/cuda`, `/usr` by default.
+    pub system_dirs: Vec<PathBuf>,
+    /// Python `site-packages` folders (for the wheel layout).
+    pub site_packages: Vec<PathBuf>,
+}
+
+impl Inputs {
+    /// The default system folders, in search order.
+    pub fn default_system_dirs() -> Vec<PathBuf> {
+        ["/usr/local/cuda", "/opt/cuda", "/usr"]
+            .iter()
+            .map(PathBuf::from)
+            .collect()
+    }
+}
+
+/// The folder among [`LIB_DIRS`] below `root` that holds cudart, if any.
+pub fn cudart_dir(root: &Path) -> Option<PathBuf> {
+    LIB_DIRS
+        .iter()
+        .map(|l| root.join(l))
+        .find(|d| has_cudart(d))
+}
+
+fn has_cudart(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name == "libcudart_static.a" || name.starts_with("libcudart.so")
+    })
+}
+
+/// Checks one candidate root; `Err` says why it does not count.
+pub fn check_root(root: &Path, found_by: &str) -> Result<Toolkit, String> {
+    let include = root.join("include");
+    if !include.join("cuda_runtime_api.h").is_file() {
+        return Err(format!(
+            "{found_by}: {} has no include/cuda_runtime_api.h",
+            root.display()
+        ));
+    }
+    let Some(lib_dir) = cudart_dir(root) else {
+        return Err(format!(
+            "{found_by}: {} has the headers but no cudart in lib64/, lib/ or lib/x86_64-linux-gnu/",
+            root.display()
+        ));
+    };
+    Ok(Toolkit {
+        root: root.to_path_buf(),
+        include_dirs: vec![include],
+        lib_dir,
+        found_by: found_by.to_string(),
+    })
+}
+
+/// Searches in the documented order and returns the first toolkit that counts.
+pub fn find(inputs: &Inputs) -> Result<Toolkit, NotFound> {
+    let mut tried = Vec::new();
+    let attempt = |root: &Path, by: &str, tried: &mut Vec<String>| match check_root(root, by) {
+        Ok(t) => Some(t),
+        Err(why) => {
+            tried.push(why);
+            None
+        }
+    };
+
+    for (name, value) in &inputs.env {
+        match value {
+            Some(v) if !v.is_empty() => {
+                if let Some(t) = attempt(Path::new(v), &format!("${name}"), &mut tried) {
+                    return Ok(t);
+                }
+            }
+            _ => tried.push(format!("${name}: not set")),
+        }
+    }
+
+    let mut nvcc_seen = false;
+    if let Some(path) = &inputs.path {
+        for dir in std::env::split_paths(path) {
+            if dir.join("nvcc").is_file() {
+                nvcc_seen = true;
+                if let Some(root) = dir.parent() {
+                    if let Some(t) = attempt(root, "nvcc on PATH", &mut tried) {
+                        return Ok(t);
+                    }
+                }
+            }
+        }
+    }
+    if !nvcc_seen {
+        tried.push("nvcc on PATH: not found".to_string());
+    }
+
+    for dir in &inputs.system_dirs {
+        if let Some(t) = attempt(dir, &dir.display().to_string(), &mut tried) {
+            return Ok(t);
+        }
+    }
+
+    for site in &inputs.site_packages {
+        for sub in WHEEL_DIRS {
+            let root = site.join(sub);
+            if !root.is_dir() {
+                continue;
+            }
+            if let Some(mut t) = attempt(&root, "pip wheel", &mut tried) {
+                for crt in WHEEL_CRT_DIRS {
+                    let extra = site.join(crt);
+                    if extra.join("crt").is_dir() {
+                        t.include_dirs.push(extra);
+                    }
+                }
+                return Ok(t);
+            }
+        }
+    }
+    if inputs.site_packages.is_empty() {
+        tried
+            .push("pip wheels (nvidia/cu13, nvidia/cuda_runtime): no python3 site-packages".into());
+    } else {
+        tried.push(format!(
+            "pip wheels: no nvidia/cu13 or nvidia/cuda_runtime with cudart in {}",
+            inputs
+                .site_packages
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+
+    Err(NotFound { tried })
+}
+
+/// Reads `#define CUDART_VERSION <n>` from `cuda_runtime_api.h` (e.g. 13000 for 13.0).
+pub fn parse_cudart_version(header: &str) -> Option<u32> {
+    header.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next()? != "#define" || words.next()? != "CUDART_VERSION" {
+            return None;
+        }
+        words.next()?.parse().ok()
+    })
+}
