@@ -1,0 +1,251 @@
+//! Device memory: `cudaMalloc` / `cudaMemset` / `cudaMemcpy` / `cudaFree`.
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+use cuda_mem_sys as sys;
+
+use crate::copy::{self, impl_memory, Memory, MemoryMut};
+use crate::devices::{current_ordinal, Device};
+use crate::error::{check, Error, Misuse, Result};
+use crate::fence::Fence;
+use crate::size::{self, fmt_bytes};
+use crate::stream::Stream;
+
+/// A typed buffer of device memory, freed on drop (`cudaFree`).
+///
+/// Device memory is not accessible from the CPU: move data with [`copy`](crate::copy) or the
+/// methods here. The buffer remembers the device it was allocated on.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::DeviceBuffer;
+/// let mut buf = DeviceBuffer::<f32>::from_slice(&[1.0, 2.0, 3.0])?; // cudaMalloc + H2D
+/// buf.memset(0)?;                                                    // cudaMemset
+/// assert_eq!(buf.to_vec()?, vec![0.0; 3]);                           // D2H
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct DeviceBuffer<T: Pod> {
+    ptr: NonNull<T>,
+    len: usize,
+    device: i32,
+    fence: Fence,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the buffer owns its allocation exclusively (like `Vec<T>`); device memory may be used
+// and freed from any host thread. Moving it to another thread moves that ownership, which is
+// sound when `T` itself may move between threads.
+unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
+// SAFETY: `&DeviceBuffer` only allows reads (copies out of it) and fence waits, which are
+// thread-safe runtime calls; the fence is behind a mutex.
+unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
+
+impl_memory!(DeviceBuffer, copy::Side::Device);
+
+impl<T: Pod> DeviceBuffer<T> {
+    /// Allocates `len` elements on the current device, contents unspecified (`cudaMalloc`).
+    ///
+    /// Safe because `T: Pod` accepts any bytes and the memory is never read by the CPU in
+    /// place: copying it out yields arbitrary but valid values.
+    pub fn uninit(len: usize) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, "DeviceBuffer::uninit")?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; `bytes` is non-zero and fits in isize.
+        let code = unsafe { sys::cudaMalloc(&mut raw, bytes) };
+        check(code, || format!("cudaMalloc({})", fmt_bytes(bytes)))?;
+        let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer { op: "cudaMalloc" })?;
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            device: current_ordinal(),
+            fence: Fence::default(),
+            _owns: PhantomData,
+        })
+    }
+
+    /// Allocates `len` elements on `device` (made current for the call only).
+    pub fn uninit_on(device: Device, len: usize) -> Result<Self> {
+        let _guard = device.guard()?;
+        Self::uninit(len)
+    }
+
+    /// Allocates `len` zeroed elements (`cudaMalloc` + `cudaMemset(0)`).
+    pub fn zeroed(len: usize) -> Result<Self> {
+        let mut buf = Self::uninit(len)?;
+        buf.memset(0)?;
+        Ok(buf)
+    }
+
+    /// Allocates a buffer holding a copy of `src` (`cudaMalloc` + `cudaMemcpyHostToDevice`).
+    pub fn from_slice(src: &[T]) -> Result<Self> {
+        let mut buf = Self::uninit(src.len())?;
+        copy::copy(&mut buf, src)?;
+        Ok(buf)
+    }
+
+    /// Copies the buffer into a new `Vec` (`cudaMemcpyDeviceToHost`).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len];
+        copy::copy(&mut out, self)?;
+        Ok(out)
+    }
+
+    /// Copies `src` into this buffer; lengths must match.
+    pub fn copy_from<S: Memory<T> + ?Sized>(&mut self, src: &S) -> Result<()> {
+        copy::copy(self, src)
+    }
+
+    /// Copies this buffer into `dst`; lengths must match.
+    pub fn copy_to<D: MemoryMut<T> + ?Sized>(&self, dst: &mut D) -> Result<()> {
+        copy::copy(dst, self)
+    }
+
+    /// Sets every byte to `byte` and waits for it (`cudaMemset`).
+    pub fn memset(&mut self, byte: u8) -> Result<()> {
+        self.fence.wait()?;
+        let bytes = self.byte_len();
+        let p = self.ptr.as_ptr();
+        // SAFETY: `p` is our live allocation of `bytes` bytes, borrowed mutably.
+        let code = unsafe { sys::cudaMemset(p.cast(), byte.into(), bytes) };
+        check(code, || {
+            format!("cudaMemset({p:p}, {byte}, {})", fmt_bytes(bytes))
+        })
+    }
+
+    /// Queues a byte fill on `stream` (`cudaMemsetAsync`); the buffer records the stream.
+    pub fn memset_async(&mut self, byte: u8, stream: &Stream) -> Result<()> {
+        self.fence.before(stream)?;
+        let bytes = self.byte_len();
+        let p = self.ptr.as_ptr();
+        // SAFETY: `p` covers `bytes` bytes of our allocation, which waits for `stream` (recorded
+        // below) before it is freed.
+        let code = unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
+        check(code, || {
+            format!("cudaMemsetAsync({p:p}, {byte}, {})", fmt_bytes(bytes))
+        })?;
+        self.fence.record(stream)
+    }
+
+    /// Records that work the caller queued on `stream` (e.g. a kernel given
+    /// [`as_mut_ptr`](Self::as_mut_ptr)) uses this buffer: drop and copies then wait for it.
+    pub fn record_use(&self, stream: &Stream) -> Result<()> {
+        self.fence.record(stream)
+    }
+
+    /// Waits for all pending work recorded on this buffer.
+    pub fn synchronize(&self) -> Result<()> {
+        self.fence.wait()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device ordinal the memory lives on.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// The device address, for kernels and calls this crate does not wrap.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// The device address, writable.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// Takes ownership of device memory allocated with `cudaMalloc` elsewhere (C or C++ code).
+    ///
+    /// Errors: [`Misuse::NullPointer`], [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::Misaligned`].
+    ///
+    /// # Safety
+    /// `ptr` must come from `cudaMalloc` on the current device, hold at least `len` elements,
+    /// not be freed elsewhere, and not be owned by anything else.
+    pub unsafe fn from_raw(ptr: *mut T, len: usize) -> Result<Self> {
+        let ptr = NonNull::new(ptr).ok_or(Misuse::NullPointer {
+            op: "DeviceBuffer::from_raw",
+        })?;
+        size::alloc_bytes::<T>(len, "DeviceBuffer::from_raw")?;
+        if (ptr.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+            return Err(Misuse::Misaligned {
+                addr: ptr.as_ptr() as usize,
+                align: std::mem::align_of::<T>(),
+            }
+            .into());
+        }
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            device: current_ordinal(),
+            fence: Fence::default(),
+            _owns: PhantomData,
+        })
+    }
+
+    /// Gives up ownership: the caller must free the pointer with `cudaFree`. Pending work
+    /// recorded on the buffer is waited for first.
+    pub fn into_raw(self) -> Result<(*mut T, usize), (Self, Error)> {
+        if let Err(e) = self.fence.wait() {
+            return Err((self, e));
+        }
+        let mut me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used again; ownership of the memory passes to the caller and
+        // only the fence (an event) is dropped.
+        unsafe { std::ptr::drop_in_place(&mut me.fence) };
+        Ok((me.ptr.as_ptr(), me.len))
+    }
+
+    /// Frees the memory now and reports failure (drop ignores it). On failure the buffer comes
+    /// back with the error.
+    pub fn free(self) -> Result<(), (Self, Error)> {
+        match self.release() {
+            Ok(()) => {
+                let mut me = std::mem::ManuallyDrop::new(self);
+                // SAFETY: `me` is never used again and the memory is freed; only the fence (an
+                // event) is left to drop.
+                unsafe { std::ptr::drop_in_place(&mut me.fence) };
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    fn release(&self) -> Result<()> {
+        self.fence.wait()?;
+        let _guard = if self.device != current_ordinal() {
+            Device::get(self.device).and_then(Device::guard).ok()
+        } else {
+            None
+        };
+        let p = self.ptr.as_ptr();
+        // SAFETY: we own the allocation; callers (drop, free) never use it again afterwards.
+        check(unsafe { sys::cudaFree(p.cast()) }, || {
+            format!("cudaFree({p:p})")
+        })
+    }
+}
+
+impl<T: Pod> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // Errors are ignored: cudaErrorCudartUnloading at exit, or a sticky context error after
+        // which the memory is gone with the context anyway. Drop never panics.
+        let _ = self.release();
+    }
+}

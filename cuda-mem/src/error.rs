@@ -1,0 +1,363 @@
+//! Errors: every `cudaError_t` the runtime returns, and misuse the runtime never sees.
+//!
+//! A runtime failure keeps its raw code (also one this header does not know), so that a newer
+//! driver's new code is reported by number instead of being lost, plus the call that failed
+//! with its key arguments, as the C++ `CUDA_SAFECALL` idiom prints it:
+//!
+//! ```text
+//! cudaHostAlloc(268435456 bytes, MAPPED) failed: cudaErrorMemoryAllocation: out of memory
+//! ```
+
+use std::borrow::Cow;
+use std::ffi::CStr;
+use std::fmt;
+
+use cuda_mem_sys as sys;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A raw `cudaError_t` value. Any `u32` is valid: codes this crate's header does not know keep
+/// their number, and [`ErrorCode::name`] then says so.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ErrorCode(pub u32);
+
+impl ErrorCode {
+    /// `cudaSuccess`.
+    pub const SUCCESS: ErrorCode = ErrorCode(sys::cudaError::cudaSuccess.0);
+    /// `cudaErrorInvalidValue`.
+    pub const INVALID_VALUE: ErrorCode = ErrorCode(sys::cudaError::cudaErrorInvalidValue.0);
+    /// `cudaErrorMemoryAllocation`: out of memory (device or pinned host).
+    pub const MEMORY_ALLOCATION: ErrorCode = ErrorCode(sys::cudaError::cudaErrorMemoryAllocation.0);
+    /// `cudaErrorCudartUnloading`: the runtime is shutting down (process exit).
+    pub const CUDART_UNLOADING: ErrorCode = ErrorCode(sys::cudaError::cudaErrorCudartUnloading.0);
+    /// `cudaErrorInsufficientDriver`: no driver, or one older than the runtime.
+    pub const INSUFFICIENT_DRIVER: ErrorCode =
+        ErrorCode(sys::cudaError::cudaErrorInsufficientDriver.0);
+    /// `cudaErrorNoDevice`: a driver but no CUDA device.
+    pub const NO_DEVICE: ErrorCode = ErrorCode(sys::cudaError::cudaErrorNoDevice.0);
+    /// `cudaErrorInvalidDevice`.
+    pub const INVALID_DEVICE: ErrorCode = ErrorCode(sys::cudaError::cudaErrorInvalidDevice.0);
+    /// `cudaErrorHostMemoryAlreadyRegistered`.
+    pub const HOST_MEMORY_ALREADY_REGISTERED: ErrorCode =
+        ErrorCode(sys::cudaError::cudaErrorHostMemoryAlreadyRegistered.0);
+    /// `cudaErrorIllegalAddress`: a kernel accessed an invalid address (sticky).
+    pub const ILLEGAL_ADDRESS: ErrorCode = ErrorCode(sys::cudaError::cudaErrorIllegalAddress.0);
+    /// `cudaErrorNotReady`: asynchronous work has not completed yet (not a failure).
+    pub const NOT_READY: ErrorCode = ErrorCode(sys::cudaError::cudaErrorNotReady.0);
+
+    /// Codes after which the CUDA context is unusable: every later call in the process fails.
+    const STICKY: [sys::cudaError; 13] = [
+        sys::cudaError::cudaErrorIllegalAddress,
+        sys::cudaError::cudaErrorLaunchFailure,
+        sys::cudaError::cudaErrorLaunchTimeout,
+        sys::cudaError::cudaErrorAssert,
+        sys::cudaError::cudaErrorHardwareStackError,
+        sys::cudaError::cudaErrorIllegalInstruction,
+        sys::cudaError::cudaErrorMisalignedAddress,
+        sys::cudaError::cudaErrorInvalidAddressSpace,
+        sys::cudaError::cudaErrorInvalidPc,
+        sys::cudaError::cudaErrorECCUncorrectable,
+        sys::cudaError::cudaErrorContained,
+        sys::cudaError::cudaErrorTensorMemoryLeak,
+        sys::cudaError::cudaErrorUnknown,
+    ];
+
+    /// The symbolic name, e.g. `cudaErrorMemoryAllocation` (`cudaGetErrorName`). Unknown codes
+    /// give the runtime's own answer for them (`cudaErrorUnknown`-style text), never a panic.
+    pub fn name(self) -> Cow<'static, str> {
+        // SAFETY: cudaGetErrorName accepts any value and returns a pointer to a static,
+        // NUL-terminated string (or null, handled by `static_str`).
+        static_str(unsafe { sys::cudaGetErrorName(sys::cudaError(self.0)) })
+    }
+
+    /// The description, e.g. `out of memory` (`cudaGetErrorString`).
+    pub fn description(self) -> Cow<'static, str> {
+        // SAFETY: as for `name`: any value is accepted; the result is static or null.
+        static_str(unsafe { sys::cudaGetErrorString(sys::cudaError(self.0)) })
+    }
+
+    /// Out of memory: `cudaErrorMemoryAllocation`.
+    pub fn is_out_of_memory(self) -> bool {
+        self == Self::MEMORY_ALLOCATION
+    }
+
+    /// Whether the error corrupts the CUDA context (e.g. an illegal address in a kernel): every
+    /// later runtime call in this process then fails, and only a new process recovers.
+    pub fn is_sticky(self) -> bool {
+        Self::STICKY.iter().any(|c| c.0 == self.0)
+    }
+
+    /// No usable driver or device: `cudaErrorInsufficientDriver` or `cudaErrorNoDevice`.
+    pub fn is_no_device(self) -> bool {
+        self == Self::INSUFFICIENT_DRIVER || self == Self::NO_DEVICE
+    }
+}
+
+fn static_str(p: *const std::os::raw::c_char) -> Cow<'static, str> {
+    if p.is_null() {
+        return Cow::Borrowed("(no text)");
+    }
+    // SAFETY: the runtime returns pointers to static NUL-terminated strings that live for the
+    // whole process; `p` is non-null.
+    let s = unsafe { CStr::from_ptr(p) };
+    match s.to_str() {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(s.to_string_lossy().into_owned()),
+    }
+}
+
+impl fmt::Debug for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ErrorCode({} = {})", self.0, self.name())
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.name(), self.description())
+    }
+}
+
+impl std::error::Error for ErrorCode {}
+
+impl From<sys::cudaError> for ErrorCode {
+    fn from(e: sys::cudaError) -> Self {
+        ErrorCode(e.0)
+    }
+}
+
+/// Misuse caught before the runtime is called: bad sizes, mismatched lengths, missing device
+/// features. Each variant names what was wrong and with which values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Misuse {
+    /// A length of zero where the call needs at least one element.
+    ZeroLength {
+        /// The operation, e.g. `DeviceBuffer::zeroed`.
+        op: &'static str,
+    },
+    /// `len * size_of::<T>()` does not fit in `usize`.
+    SizeOverflow {
+        /// Number of elements asked for.
+        len: usize,
+        /// Size of one element in bytes.
+        elem_size: usize,
+    },
+    /// A copy between buffers of different lengths (in elements).
+    LengthMismatch {
+        /// Elements in the destination.
+        dst: usize,
+        /// Elements in the source.
+        src: usize,
+    },
+    /// A range outside a buffer.
+    OutOfBounds {
+        /// Start of the range, in elements.
+        offset: usize,
+        /// Length of the range, in elements.
+        len: usize,
+        /// Length of the buffer, in elements.
+        buffer_len: usize,
+    },
+    /// The device lacks a feature the operation needs.
+    Unsupported {
+        /// The device ordinal.
+        device: i32,
+        /// What is missing, e.g. `cudaDevAttrCanMapHostMemory`.
+        feature: &'static str,
+    },
+    /// Under unified virtual addressing the host and device pointers of mapped memory must be
+    /// equal; they were not.
+    UvaPointerMismatch {
+        /// The host pointer.
+        host: usize,
+        /// The device pointer `cudaHostGetDevicePointer` returned.
+        device: usize,
+    },
+    /// A null pointer where an allocation was expected (`from_raw`).
+    NullPointer {
+        /// The operation.
+        op: &'static str,
+    },
+    /// A pointer not aligned for the element type.
+    Misaligned {
+        /// The pointer's address.
+        addr: usize,
+        /// The alignment the element type needs.
+        align: usize,
+    },
+    /// Flag bits this operation does not accept.
+    InvalidFlags {
+        /// The operation.
+        op: &'static str,
+        /// The bits given.
+        flags: u32,
+    },
+    /// A device ordinal outside `0..count`.
+    DeviceOutOfRange {
+        /// The ordinal asked for.
+        ordinal: i32,
+        /// The number of devices.
+        count: i32,
+    },
+    /// A managed allocation larger than the device's free memory: refused, because
+    /// oversubscribing managed memory can stall the whole GPU.
+    ManagedExceedsFree {
+        /// Bytes asked for.
+        bytes: usize,
+        /// Bytes free on the device (`cudaMemGetInfo`).
+        free: usize,
+    },
+}
+
+impl fmt::Display for Misuse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Misuse::ZeroLength { op } => write!(f, "{op}: a length of zero is not allowed"),
+            Misuse::SizeOverflow { len, elem_size } => write!(
+                f,
+                "{len} elements of {elem_size} bytes overflow usize"
+            ),
+            Misuse::LengthMismatch { dst, src } => write!(
+                f,
+                "copy between buffers of different lengths: destination {dst} elements, source {src}"
+            ),
+            Misuse::OutOfBounds {
+                offset,
+                len,
+                buffer_len,
+            } => write!(
+                f,
+                "range {offset}..{offset}+{len} is outside a buffer of {buffer_len} elements"
+            ),
+            Misuse::Unsupported { device, feature } => {
+                write!(f, "device {device} does not support {feature}")
+            }
+            Misuse::UvaPointerMismatch { host, device } => write!(
+                f,
+                "host pointer {host:#x} and device pointer {device:#x} of mapped memory differ: \
+                 unified virtual addressing was required"
+            ),
+            Misuse::NullPointer { op } => write!(f, "{op}: null pointer"),
+            Misuse::Misaligned { addr, align } => {
+                write!(f, "pointer {addr:#x} is not aligned to {align} bytes")
+            }
+            Misuse::InvalidFlags { op, flags } => write!(f, "{op}: invalid flags {flags:#x}"),
+            Misuse::DeviceOutOfRange { ordinal, count } => write!(
+                f,
+                "device ordinal {ordinal} is out of range: {count} device(s) present"
+            ),
+            Misuse::ManagedExceedsFree { bytes, free } => write!(
+                f,
+                "managed allocation of {bytes} bytes refused: only {free} bytes free on the device"
+            ),
+        }
+    }
+}
+
+/// The error type of this crate: a runtime failure, or misuse caught before the runtime.
+///
+/// `Send + Sync + 'static`, so it converts into `anyhow::Error` with `?`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA runtime call returned an error.
+    Cuda {
+        /// The raw code.
+        code: ErrorCode,
+        /// The call and its key arguments, e.g. `cudaMalloc(4096 bytes)`.
+        call: String,
+    },
+    /// Misuse the runtime never saw.
+    Misuse(Misuse),
+}
+
+impl Error {
+    /// The runtime error code, if this is a runtime failure.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Cuda { code, .. } => Some(*code),
+            Error::Misuse(_) => None,
+        }
+    }
+
+    /// The misuse, if this is one.
+    pub fn misuse(&self) -> Option<&Misuse> {
+        match self {
+            Error::Misuse(m) => Some(m),
+            Error::Cuda { .. } => None,
+        }
+    }
+
+    /// The failed call with its arguments, for runtime failures.
+    pub fn call(&self) -> Option<&str> {
+        match self {
+            Error::Cuda { call, .. } => Some(call),
+            Error::Misuse(_) => None,
+        }
+    }
+
+    /// Out of memory (`cudaErrorMemoryAllocation`).
+    pub fn is_out_of_memory(&self) -> bool {
+        self.code().is_some_and(ErrorCode::is_out_of_memory)
+    }
+
+    /// The context is corrupted (see [`ErrorCode::is_sticky`]).
+    pub fn is_sticky(&self) -> bool {
+        self.code().is_some_and(ErrorCode::is_sticky)
+    }
+
+    /// No driver or no device (see [`ErrorCode::is_no_device`]).
+    pub fn is_no_device(&self) -> bool {
+        self.code().is_some_and(ErrorCode::is_no_device)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Cuda { code, call } => write!(f, "{call} failed: {code}"),
+            Error::Misuse(m) => m.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    /// The raw runtime error, for runtime failures.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Cuda { code, .. } => Some(code),
+            Error::Misuse(_) => None,
+        }
+    }
+}
+
+impl From<Misuse> for Error {
+    fn from(m: Misuse) -> Self {
+        Error::Misuse(m)
+    }
+}
+
+/// Turns a runtime return code into a `Result`; `call` describes the call for the message and
+/// is only evaluated on failure.
+///
+/// On failure the runtime's per-thread last-error state is cleared (`cudaGetLastError`), so
+/// that the error, now returned here, does not surface again in an unrelated later call. A
+/// sticky error cannot be cleared and stays.
+pub(crate) fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
+    if code == sys::cudaError::cudaSuccess {
+        return Ok(());
+    }
+    // SAFETY: cudaGetLastError takes no arguments and only reads and resets thread state.
+    unsafe { sys::cudaGetLastError() };
+    Err(Error::Cuda {
+        code: code.into(),
+        call: call(),
+    })
+}
+
+/// Like [`check`] for calls whose text has no arguments.
+pub(crate) fn check_call(code: sys::cudaError_t, call: &'static str) -> Result<()> {
+    check(code, || call.to_string())
+}

@@ -1,0 +1,300 @@
+//! Kernels from PTX, loaded through the runtime (`cudaLibraryLoadData`), so that tests and
+//! benchmarks need no `nvcc` at build time; plus the few small kernels they use.
+
+use std::ffi::{CStr, CString};
+use std::os::raw::c_void;
+
+use cuda_mem_sys as sys;
+
+use crate::error::{check, Misuse, Result};
+use crate::stream::Stream;
+
+/// A loaded module (`cudaLibrary_t`), unloaded on drop.
+#[derive(Debug)]
+pub struct Library {
+    raw: sys::cudaLibrary_t,
+}
+
+// SAFETY: a cudaLibrary_t is a handle the thread-safe runtime lets any thread use.
+unsafe impl Send for Library {}
+// SAFETY: only `&self` methods that pass the handle to thread-safe runtime calls.
+unsafe impl Sync for Library {}
+
+/// A kernel of a [`Library`], borrowed from it.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernel<'lib> {
+    raw: sys::cudaKernel_t,
+    _lib: &'lib Library,
+}
+
+impl Library {
+    /// Loads PTX (or a cubin/fatbin) image; the driver compiles PTX for the current device.
+    pub fn load(image: &CStr) -> Result<Self> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `image` is a NUL-terminated image; no JIT or library options are passed.
+        let code = unsafe {
+            sys::cudaLibraryLoadData(
+                &mut raw,
+                image.as_ptr().cast(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        check(code, || {
+            format!("cudaLibraryLoadData({} bytes)", image.to_bytes().len())
+        })?;
+        Ok(Library { raw })
+    }
+
+    /// The kernel named `name` (its `.entry` name).
+    pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
+        let cname = CString::new(name).map_err(|_| Misuse::NullPointer {
+            op: "Library::kernel (name contains NUL)",
+        })?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, live library, NUL-terminated name.
+        let code = unsafe { sys::cudaLibraryGetKernel(&mut raw, self.raw, cname.as_ptr()) };
+        check(code, || format!("cudaLibraryGetKernel({name})"))?;
+        Ok(Kernel { raw, _lib: self })
+    }
+}
+
+impl Drop for Library {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle; errors are ignored (drop never panics).
+        unsafe { sys::cudaLibraryUnload(self.raw) };
+    }
+}
+
+impl Kernel<'_> {
+    /// Launches the kernel (`cudaLaunchKernel`) with a 1-D grid.
+    ///
+    /// # Safety
+    /// `args` must hold one pointer per kernel parameter, each to a value of that parameter's
+    /// type and size, and every memory address passed must be valid for what the kernel does
+    /// with it until the work completes. Record the launch on the buffers it touches
+    /// (`record_use`) so that host access and drop wait for it.
+    pub unsafe fn launch(
+        &self,
+        grid: u32,
+        block: u32,
+        shared_bytes: usize,
+        stream: &Stream,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let g = sys::dim3 {
+            x: grid,
+            y: 1,
+            z: 1,
+        };
+        let b = sys::dim3 {
+            x: block,
+            y: 1,
+            z: 1,
+        };
+        // SAFETY: the caller guarantees the arguments; a cudaKernel_t may be passed as the
+        // function pointer of cudaLaunchKernel (documented by the runtime since CUDA 12.0).
+        let code = unsafe {
+            sys::cudaLaunchKernel(
+                self.raw as *const c_void,
+                g,
+                b,
+                args.as_mut_ptr(),
+                shared_bytes,
+                stream.as_raw(),
+            )
+        };
+        check(code, || {
+            format!("cudaLaunchKernel(grid {grid}, block {block}, {shared_bytes} bytes shared)")
+        })
+    }
+}
+
+/// PTX of the small kernels tests and benchmarks use (any GPU of compute capability 7.0+):
+///
+/// - `cm_read(const uint4* p, u64 n, u64* sink)`: reads `n` 16-byte words (grid-stride), XORs
+///   them, and bumps `*sink` only if the XOR is 0x12345678, so the reads cannot be optimised
+///   away;
+/// - `cm_write(uint4* p, u64 n)`: writes word `i` as `(i, i, i, i)` (32-bit `i`);
+/// - `cm_fault(u32* p)`: stores through `p`; give it an invalid address to raise
+///   `cudaErrorIllegalAddress` (a sticky error).
+pub const PROBE_PTX: &CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry cm_read(.param .u64 cm_read_p, .param .u64 cm_read_n, .param .u64 cm_read_sink)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<16>;
+    ld.param.u64 %rd1, [cm_read_p];
+    ld.param.u64 %rd2, [cm_read_n];
+    ld.param.u64 %rd3, [cm_read_sink];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.u64 %rd4, %rd4, %rd5;
+    mul.wide.u32 %rd6, %r4, %r2;
+    mov.b32 %r5, 0;
+    mov.b32 %r6, 0;
+    mov.b32 %r7, 0;
+    mov.b32 %r8, 0;
+READ_LOOP:
+    setp.ge.u64 %p1, %rd4, %rd2;
+    @%p1 bra READ_DONE;
+    shl.b64 %rd7, %rd4, 4;
+    add.u64 %rd8, %rd1, %rd7;
+    ld.global.v4.u32 {%r9, %r10, %r11, %r12}, [%rd8];
+    xor.b32 %r5, %r5, %r9;
+    xor.b32 %r6, %r6, %r10;
+    xor.b32 %r7, %r7, %r11;
+    xor.b32 %r8, %r8, %r12;
+    add.u64 %rd4, %rd4, %rd6;
+    bra READ_LOOP;
+READ_DONE:
+    xor.b32 %r13, %r5, %r6;
+    xor.b32 %r13, %r13, %r7;
+    xor.b32 %r13, %r13, %r8;
+    setp.ne.u32 %p2, %r13, 305419896;
+    @%p2 bra READ_END;
+    cvta.to.global.u64 %rd3, %rd3;
+    atom.global.add.u64 %rd9, [%rd3], 1;
+READ_END:
+    ret;
+}
+
+.visible .entry cm_write(.param .u64 cm_write_p, .param .u64 cm_write_n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [cm_write_p];
+    ld.param.u64 %rd2, [cm_write_n];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.u64 %rd4, %rd4, %rd5;
+    mul.wide.u32 %rd6, %r4, %r2;
+WRITE_LOOP:
+    setp.ge.u64 %p1, %rd4, %rd2;
+    @%p1 bra WRITE_DONE;
+    shl.b64 %rd7, %rd4, 4;
+    add.u64 %rd8, %rd1, %rd7;
+    cvt.u32.u64 %r5, %rd4;
+    st.global.v4.u32 [%rd8], {%r5, %r5, %r5, %r5};
+    add.u64 %rd4, %rd4, %rd6;
+    bra WRITE_LOOP;
+WRITE_DONE:
+    ret;
+}
+
+.visible .entry cm_fault(.param .u64 cm_fault_p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [cm_fault_p];
+    mov.u32 %r1, 3735928559;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+
+/// The [`PROBE_PTX`] kernels, loaded.
+#[derive(Debug)]
+pub struct Probes {
+    lib: Library,
+    sms: u32,
+}
+
+impl Probes {
+    /// Loads [`PROBE_PTX`] for the current device.
+    pub fn load() -> Result<Self> {
+        let sms = crate::Device::current()?.multiprocessor_count()?.max(1) as u32;
+        Ok(Probes {
+            lib: Library::load(PROBE_PTX)?,
+            sms,
+        })
+    }
+
+    /// Grid size that fills the device: 8 blocks of 512 threads per multiprocessor.
+    fn grid(&self) -> u32 {
+        self.sms * 8
+    }
+
+    /// Queues `cm_read` over `bytes` bytes at device address `p` (`bytes` a multiple of 16).
+    ///
+    /// # Safety
+    /// `p` must be device-accessible memory of at least `bytes` bytes, 16-byte aligned, alive
+    /// until the kernel completes; `sink` a device-accessible `u64`.
+    pub unsafe fn read(
+        &self,
+        p: *const c_void,
+        bytes: usize,
+        sink: *mut u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut p = p;
+        let mut n = (bytes / 16) as u64;
+        let mut sink = sink;
+        let mut args = [
+            (&mut p as *mut *const c_void).cast(),
+            (&mut n as *mut u64).cast(),
+            (&mut sink as *mut *mut u64).cast(),
+        ];
+        // SAFETY: three arguments of the kernel's types; the caller vouches for the memory.
+        unsafe {
+            self.lib
+                .kernel("cm_read")?
+                .launch(self.grid(), 512, 0, stream, &mut args)
+        }
+    }
+
+    /// Queues `cm_write` over `bytes` bytes at device address `p` (`bytes` a multiple of 16).
+    ///
+    /// # Safety
+    /// `p` must be device-accessible, writable, 16-byte aligned memory of at least `bytes`
+    /// bytes, alive and not read by the host until the kernel completes.
+    pub unsafe fn write(&self, p: *mut c_void, bytes: usize, stream: &Stream) -> Result<()> {
+        let mut p = p;
+        let mut n = (bytes / 16) as u64;
+        let mut args = [
+            (&mut p as *mut *mut c_void).cast(),
+            (&mut n as *mut u64).cast(),
+        ];
+        // SAFETY: two arguments of the kernel's types; the caller vouches for the memory.
+        unsafe {
+            self.lib
+                .kernel("cm_write")?
+                .launch(self.grid(), 512, 0, stream, &mut args)
+        }
+    }
+
+    /// Queues `cm_fault`, a single store through `p`.
+    ///
+    /// # Safety
+    /// With an invalid `p` this corrupts the CUDA context of the whole process (a sticky
+    /// error): use it only in a process made for it.
+    pub unsafe fn fault(&self, p: *mut u32, stream: &Stream) -> Result<()> {
+        let mut p = p;
+        let mut args = [(&mut p as *mut *mut u32).cast()];
+        // SAFETY: one argument of the kernel's type; the caller accepts the consequences.
+        unsafe {
+            self.lib
+                .kernel("cm_fault")?
+                .launch(1, 1, 0, stream, &mut args)
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! Unified (managed) memory: `cudaMallocManaged`, one pointer valid on CPU and GPU, migrated
+//! page by page on first touch, or ahead of time with [`ManagedBuffer::prefetch`].
+//!
+//! Page faults are slow (a few GB/s); prefetching moves the pages at copy speed, and advice
+//! ([`Advice`]) tells the driver where pages should live.
+
+use std::marker::PhantomData;
+use std::os::raw::c_int;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+use cuda_mem_sys as sys;
+
+use crate::copy::{impl_memory, Side};
+use crate::devices::{current_ordinal, Device};
+use crate::error::{check, Error, Misuse, Result};
+use crate::fence::Fence;
+use crate::size::{self, fmt_bytes};
+use crate::stream::Stream;
+
+/// `cudaCpuDeviceId`: the host, where the API takes a device ordinal.
+pub const CPU_DEVICE_ID: i32 = -1;
+
+/// How a managed allocation is attached (`cudaMemAttach*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attach {
+    /// `cudaMemAttachGlobal`: accessible from any stream on any device.
+    Global,
+    /// `cudaMemAttachHost`: initially visible only to the host, until attached to a stream.
+    Host,
+    /// `cudaMemAttachSingle` (with [`ManagedBuffer::attach`] only): visible to one stream.
+    Single,
+}
+
+impl Attach {
+    fn bits(self) -> u32 {
+        match self {
+            Attach::Global => sys::cudaMemAttachGlobal,
+            Attach::Host => sys::cudaMemAttachHost,
+            Attach::Single => sys::cudaMemAttachSingle,
+        }
+    }
+}
+
+/// Where pages live or should live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// The host (`cudaCpuDeviceId`, or `cudaMemLocationTypeHost`).
+    Host,
+    /// A device, by ordinal.
+    Device(i32),
+}
+
+impl Location {
+    /// The CUDA 12 encoding: a device ordinal, `cudaCpuDeviceId` for the host.
+    pub fn as_device_id(self) -> i32 {
+        match self {
+            Location::Host => CPU_DEVICE_ID,
+            Location::Device(d) => d,
+        }
+    }
+
+    /// From the CUDA 12 encoding; `None` for `cudaInvalidDeviceId` (no location).
+    pub fn from_device_id(id: i32) -> Option<Location> {
+        match id {
+            CPU_DEVICE_ID => Some(Location::Host),
+            d if d >= 0 => Some(Location::Device(d)),
+            _ => None,
+        }
+    }
+
+    #[cfg(cuda_13)]
+    fn as_mem_location(self) -> sys::cudaMemLocation {
+        match self {
+            Location::Host => sys::cudaMemLocation {
+                type_: sys::cudaMemLocationType::cudaMemLocationTypeHost,
+                id: 0,
+            },
+            Location::Device(d) => sys::cudaMemLocation {
+                type_: sys::cudaMemLocationType::cudaMemLocationTypeDevice,
+                id: d,
+            },
+        }
+    }
+}
+
+/// Advice for the driver about a managed range (`cudaMemAdvise`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// `cudaMemAdviseSetReadMostly`: mostly read; the driver may keep read copies everywhere.
+    SetReadMostly,
+    /// `cudaMemAdviseUnsetReadMostly`.
+    UnsetReadMostly,
+    /// `cudaMemAdviseSetPreferredLocation`: pages should live here.
+    SetPreferredLocation(Location),
+    /// `cudaMemAdviseUnsetPreferredLocation`.
+    UnsetPreferredLocation,
+    /// `cudaMemAdviseSetAccessedBy`: map pages for this processor to avoid faults.
+    SetAccessedBy(Location),
+    /// `cudaMemAdviseUnsetAccessedBy`.
+    UnsetAccessedBy(Location),
+}
+
+impl Advice {
+    fn raw(self) -> (sys::cudaMemoryAdvise, Location) {
+        use sys::cudaMemoryAdvise as A;
+        // The location is ignored by the runtime for the read-mostly and unset-preferred advice.
+        match self {
+            Advice::SetReadMostly => (A::cudaMemAdviseSetReadMostly, Location::Host),
+            Advice::UnsetReadMostly => (A::cudaMemAdviseUnsetReadMostly, Location::Host),
+            Advice::SetPreferredLocation(l) => (A::cudaMemAdviseSetPreferredLocation, l),
+            Advice::UnsetPreferredLocation => {
+                (A::cudaMemAdviseUnsetPreferredLocation, Location::Host)
+            }
+            Advice::SetAccessedBy(l) => (A::cudaMemAdviseSetAccessedBy, l),
+            Advice::UnsetAccessedBy(l) => (A::cudaMemAdviseUnsetAccessedBy, l),
+        }
+    }
+}
+
+/// A typed buffer of managed memory, freed on drop (`cudaFree`).
+///
+/// Host access waits for GPU work recorded on the buffer (prefetches, async copies and
+/// memsets, kernels marked with [`record_use`](Self::record_use)); on devices without
+/// concurrent managed access it also waits for the whole device, since there the CPU may not
+/// touch managed memory while any kernel runs.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{Attach, Location, ManagedBuffer, Stream};
+/// let stream = Stream::new()?;
+/// let mut m = ManagedBuffer::<u32>::zeroed(1 << 20, Attach::Global)?;
+/// m.prefetch(Location::Device(0), &stream)?;   // migrate pages ahead of a kernel
+/// m.memset_async(0xff, &stream)?;
+/// assert_eq!(m.as_slice()?[0], u32::MAX);      // waits, then pages fault back to the host
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ManagedBuffer<T: Pod> {
+    ptr: NonNull<T>,
+    len: usize,
+    device: i32,
+    fence: Fence,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: exclusive ownership of the allocation, as `Vec<T>`; managed memory may be used and
+// freed from any thread.
+unsafe impl<T: Pod + Send> Send for ManagedBuffer<T> {}
+// SAFETY: shared access gives `&[T]` only after the fence wait; the fence is mutex-protected.
+unsafe impl<T: Pod + Sync> Sync for ManagedBuffer<T> {}
+
+impl_memory!(ManagedBuffer, Side::Unified);
+
+impl<T: Pod> ManagedBuffer<T> {
+    /// Allocates `len` zeroed elements with `cudaMallocManaged(attach)` on the current device.
+    ///
+    /// Checks first that the device supports managed memory, and refuses
+    /// ([`Misuse::ManagedExceedsFree`]) a request larger than the device's free memory:
+    /// oversubscribed managed memory can stall the whole GPU.
+    pub fn zeroed(len: usize, attach: Attach) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, "ManagedBuffer::zeroed")?;
+        if attach == Attach::Single {
+            return Err(Misuse::InvalidFlags {
+                op: "cudaMallocManaged (SINGLE is only for cudaStreamAttachMemAsync)",
+                flags: attach.bits(),
+            }
+            .into());
+        }
+        let dev = Device::current()?;
+        dev.require(
+            sys::cudaDeviceAttr::cudaDevAttrManagedMemory,
+            "cudaDevAttrManagedMemory (managed memory)",
+        )?;
+        let (free, _) = dev.mem_info()?;
+        if bytes > free {
+            return Err(Misuse::ManagedExceedsFree { bytes, free }.into());
+        }
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, non-zero size, documented flag.
+        let code = unsafe { sys::cudaMallocManaged(&mut raw, bytes, attach.bits()) };
+        check(code, || {
+            format!("cudaMallocManaged({}, {attach:?})", fmt_bytes(bytes))
+        })?;
+        let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer {
+            op: "cudaMallocManaged",
+        })?;
+        let buf = ManagedBuffer {
+            ptr,
+            len,
+            device: current_ordinal(),
+            fence: Fence::default(),
+            _owns: PhantomData,
+        };
+        // SAFETY: the allocation holds `bytes` bytes and nothing else uses it yet; writing from
+        // the host touches the pages on the host, where a fresh allocation may be accessed.
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr().cast::<u8>(), 0, bytes) };
+        Ok(buf)
+    }
+
+    fn wait_for_host(&self) -> Result<()> {
+        self.fence.wait()?;
+        let dev = Device::get(self.device)?;
+        if dev.attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)? == 0 {
+            dev.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The contents, after waiting for recorded GPU work.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.wait_for_host()?;
+        // SAFETY: `len` initialised elements (zeroed at allocation, `T: Pod`); GPU work that may
+        // write them was waited for, and safe code can queue new writes only through `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The contents, writable, after waiting for recorded GPU work.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.wait_for_host()?;
+        // SAFETY: as `as_slice`, and `&mut self` makes the borrow unique.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    fn queued(&self, stream: &Stream, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.fence.before(stream)?;
+        f()?;
+        self.fence.record(stream)
+    }
+
+    /// Queues a migration of the whole buffer to `to` on `stream` (`cudaMemPrefetchAsync`).
+    pub fn prefetch(&mut self, to: Location, stream: &Stream) -> Result<()> {
+        let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
+        self.queued(stream, || {
+            #[cfg(cuda_13)]
+            // SAFETY: `p`/`bytes` cover our live managed allocation; the location is valid.
+            let code = unsafe {
+                sys::cudaMemPrefetchAsync(p.cast(), bytes, to.as_mem_location(), 0, stream.as_raw())
+            };
+            #[cfg(cuda_12)]
+            // SAFETY: as above, CUDA 12 signature (device ordinal or cudaCpuDeviceId).
+            let code = unsafe {
+                sys::cudaMemPrefetchAsync(p.cast(), bytes, to.as_device_id(), stream.as_raw())
+            };
+            check(code, || {
+                format!("cudaMemPrefetchAsync({p:p}, {}, {to:?})", fmt_bytes(bytes))
+            })
+        })
+    }
+
+    /// Gives the driver advice about the whole buffer (`cudaMemAdvise`).
+    pub fn advise(&self, advice: Advice) -> Result<()> {
+        let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
+        let (raw, loc) = advice.raw();
+        #[cfg(cuda_13)]
+        // SAFETY: `p`/`bytes` cover our live managed allocation; advice and location are valid.
+        let code = unsafe { sys::cudaMemAdvise(p.cast(), bytes, raw, loc.as_mem_location()) };
+        #[cfg(cuda_12)]
+        // SAFETY: as above, CUDA 12 signature.
+        let code = unsafe { sys::cudaMemAdvise(p.cast(), bytes, raw, loc.as_device_id()) };
+        check(code, || {
+            format!("cudaMemAdvise({p:p}, {}, {advice:?})", fmt_bytes(bytes))
+        })
+    }
+
+    /// Attaches the buffer to `stream` with `flags` (`cudaStreamAttachMemAsync`); with
+    /// [`Attach::Single`] only work on that stream may touch it.
+    pub fn attach(&mut self, stream: &Stream, flags: Attach) -> Result<()> {
+        let p = self.ptr.as_ptr();
+        self.queued(stream, || {
+            // SAFETY: `p` is the start of our live managed allocation; length 0 means all of it.
+            let code = unsafe {
+                sys::cudaStreamAttachMemAsync(stream.as_raw(), p.cast(), 0, flags.bits())
+            };
+            check(code, || {
+                format!("cudaStreamAttachMemAsync({p:p}, {flags:?})")
+            })
+        })
+    }
+
+    /// Queues a byte fill on `stream` (`cudaMemsetAsync`).
+    pub fn memset_async(&mut self, byte: u8, stream: &Stream) -> Result<()> {
+        let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
+        self.queued(stream, || {
+            // SAFETY: `p`/`bytes` cover our allocation, which waits for `stream` before host
+            // access or free (recorded by `queued`).
+            let code =
+                unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
+            check(code, || {
+                format!("cudaMemsetAsync({p:p}, {byte}, {})", fmt_bytes(bytes))
+            })
+        })
+    }
+
+    fn range_attribute(&self, attr: sys::cudaMemRangeAttribute, name: &str) -> Result<i32> {
+        let mut v: c_int = 0;
+        let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
+        // SAFETY: `v` is 4 writable bytes, the size these int-valued attributes need; the range
+        // is our live managed allocation.
+        let code = unsafe {
+            sys::cudaMemRangeGetAttribute(
+                (&mut v as *mut c_int).cast(),
+                std::mem::size_of::<c_int>(),
+                attr,
+                p.cast(),
+                bytes,
+            )
+        };
+        check(code, || format!("cudaMemRangeGetAttribute({p:p}, {name})"))?;
+        Ok(v)
+    }
+
+    /// Where the last prefetch sent the whole range (`cudaMemRangeAttributeLastPrefetchLocation`);
+    /// `None` if it was never prefetched, or its parts went to different places.
+    pub fn last_prefetch_location(&self) -> Result<Option<Location>> {
+        let id = self.range_attribute(
+            sys::cudaMemRangeAttribute::cudaMemRangeAttributeLastPrefetchLocation,
+            "LastPrefetchLocation",
+        )?;
+        Ok(Location::from_device_id(id))
+    }
+
+    /// The preferred location set by advice, if any (`cudaMemRangeAttributePreferredLocation`).
+    pub fn preferred_location(&self) -> Result<Option<Location>> {
+        let id = self.range_attribute(
+            sys::cudaMemRangeAttribute::cudaMemRangeAttributePreferredLocation,
+            "PreferredLocation",
+        )?;
+        Ok(Location::from_device_id(id))
+    }
+
+    /// Whether the read-mostly advice is set on the whole range.
+    pub fn is_read_mostly(&self) -> Result<bool> {
+        Ok(self.range_attribute(
+            sys::cudaMemRangeAttribute::cudaMemRangeAttributeReadMostly,
+            "ReadMostly",
+        )? != 0)
+    }
+
+    /// Records that work queued on `stream` (e.g. a kernel given [`as_mut_ptr`](Self::as_mut_ptr))
+    /// uses the buffer: host access and drop wait for it.
+    pub fn record_use(&self, stream: &Stream) -> Result<()> {
+        self.fence.before(stream)?;
+        self.fence.record(stream)
+    }
+
+    /// Waits for all pending work recorded on this buffer.
+    pub fn synchronize(&self) -> Result<()> {
+        self.fence.wait()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device that was current at allocation.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// The address, valid on host and device.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// The address, writable.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// Frees now and reports failure; on failure the buffer comes back.
+    pub fn free(self) -> Result<(), (Self, Error)> {
+        match self.release() {
+            Ok(()) => {
+                let mut me = std::mem::ManuallyDrop::new(self);
+                // SAFETY: `me` is never used again and the memory is freed; only the fence (an
+                // event) is left to drop.
+                unsafe { std::ptr::drop_in_place(&mut me.fence) };
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    fn release(&self) -> Result<()> {
+        self.fence.wait()?;
+        let p = self.ptr.as_ptr();
+        // SAFETY: we own the allocation and never use it after this call.
+        check(unsafe { sys::cudaFree(p.cast()) }, || {
+            format!("cudaFree({p:p})")
+        })
+    }
+}
+
+impl<T: Pod> Drop for ManagedBuffer<T> {
+    fn drop(&mut self) {
+        // Errors ignored (exit-time unloading, sticky errors): drop never panics.
+        let _ = self.release();
+    }
+}

@@ -1,0 +1,214 @@
+//! Zero-copy mapped memory: pinned host memory mapped into the device's address space
+//! (`cudaHostAlloc(cudaHostAllocMapped)` + `cudaHostGetDevicePointer`).
+//!
+//! Kernels read and write it directly over the bus: no copy, but every access crosses PCIe
+//! (tens of GB/s, against terabytes per second for device memory). Good for data touched once,
+//! or for small flags shared by CPU and GPU.
+//!
+//! The two functions mirror both shapes of the well-known C++ helper `cudaAllocMapped`:
+//! [`alloc_mapped`] gives the CPU and the GPU pointer, [`alloc_mapped_uva`] one pointer that
+//! must be the same on both sides under unified virtual addressing. Unlike the C++ original,
+//! every error path frees the allocation: the buffer is owned from the moment it exists.
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+use cuda_mem_sys as sys;
+
+use crate::copy::{sealed, AsyncMemory, Side};
+use crate::devices::Device;
+use crate::error::{check, Error, Misuse, Result};
+use crate::fence::Fence;
+use crate::pinned::{HostAllocFlags, PinnedBuffer};
+use crate::size;
+use crate::stream::Stream;
+
+/// Pinned host memory mapped into the device address space, freed on drop.
+///
+/// The CPU side is [`host_ptr`](Self::host_ptr) / [`as_slice`](Self::as_slice), the GPU side
+/// [`device_ptr`](Self::device_ptr). Under unified virtual addressing (every 64-bit platform
+/// CUDA 12 and 13 support) the two are equal.
+pub struct MappedBuffer<T: Pod> {
+    host: PinnedBuffer<T>,
+    device_ptr: NonNull<T>,
+}
+
+impl<T: Pod> fmt::Debug for MappedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedBuffer")
+            .field("host", &self.host)
+            .field("device_ptr", &self.device_ptr)
+            .finish()
+    }
+}
+
+// SAFETY: the device pointer is an address of the same allocation that `PinnedBuffer` owns;
+// the same reasoning as for `PinnedBuffer` applies (exclusive ownership, thread-safe runtime).
+unsafe impl<T: Pod + Send> Send for MappedBuffer<T> {}
+// SAFETY: shared access gives only `&[T]` after a fence wait, as for `PinnedBuffer`.
+unsafe impl<T: Pod + Sync> Sync for MappedBuffer<T> {}
+
+/// Checks that the current device can map host memory and has unified addressing.
+fn check_device() -> Result<()> {
+    let dev = Device::current()?;
+    dev.require(
+        sys::cudaDeviceAttr::cudaDevAttrCanMapHostMemory,
+        "cudaDevAttrCanMapHostMemory (mapped pinned memory)",
+    )?;
+    dev.require(
+        sys::cudaDeviceAttr::cudaDevAttrUnifiedAddressing,
+        "cudaDevAttrUnifiedAddressing (unified virtual addressing)",
+    )
+}
+
+/// Asks the runtime for the device pointer of a mapped allocation.
+fn device_pointer(host: *mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void> {
+    let mut dev = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `host` is a live mapped pinned allocation; flags must be 0.
+    let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, host, 0) };
+    check(code, || format!("cudaHostGetDevicePointer({host:p})"))?;
+    Ok(dev)
+}
+
+impl<T: Pod> MappedBuffer<T> {
+    /// Allocates `len` zeroed elements of mapped memory; `extra` may add PORTABLE and
+    /// WRITE_COMBINED (MAPPED is always set).
+    pub fn zeroed(len: usize, extra: HostAllocFlags) -> Result<Self> {
+        Self::with_resolver(len, extra, false, device_pointer)
+    }
+
+    /// The allocation path, with the device-pointer lookup as a parameter so tests can make it
+    /// fail and check that nothing leaks. `uva` requires the two pointers to be equal.
+    fn with_resolver(
+        len: usize,
+        extra: HostAllocFlags,
+        uva: bool,
+        resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
+    ) -> Result<Self> {
+        size::alloc_bytes::<T>(len, "MappedBuffer::zeroed")?;
+        check_device()?;
+        // Owned from here on: any `?` below drops `host`, which calls cudaFreeHost.
+        let mut host = PinnedBuffer::<T>::zeroed(len, extra | HostAllocFlags::MAPPED)?;
+        let hp = host.as_mut_ptr();
+        let dp = resolve(hp.cast())?;
+        let device_ptr = NonNull::new(dp.cast::<T>()).ok_or(Misuse::NullPointer {
+            op: "cudaHostGetDevicePointer",
+        })?;
+        if uva && !std::ptr::eq(dp.cast::<T>(), hp) {
+            return Err(Misuse::UvaPointerMismatch {
+                host: hp as usize,
+                device: dp as usize,
+            }
+            .into());
+        }
+        Ok(MappedBuffer { host, device_ptr })
+    }
+
+    /// The CPU address.
+    pub fn host_ptr(&self) -> *const T {
+        self.host.as_ptr()
+    }
+
+    /// The GPU address, for kernels.
+    pub fn device_ptr(&self) -> *mut T {
+        self.device_ptr.as_ptr()
+    }
+
+    /// The contents, after waiting for GPU work recorded on the buffer (see
+    /// [`record_use`](Self::record_use)).
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.host.as_slice()
+    }
+
+    /// The contents, writable, after waiting for recorded GPU work.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.host.as_mut_slice()
+    }
+
+    /// Records that work queued on `stream` (e.g. a kernel given [`device_ptr`](Self::device_ptr))
+    /// uses the buffer: host access and drop wait for it.
+    pub fn record_use(&self, stream: &Stream) -> Result<()> {
+        self.host.record_use(stream)
+    }
+
+    /// The underlying pinned buffer (flags, `cudaHostGetFlags`).
+    pub fn pinned(&self) -> &PinnedBuffer<T> {
+        &self.host
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
+
+    /// Frees now and reports failure; on failure the buffer comes back.
+    pub fn free(self) -> Result<(), (Self, Error)> {
+        let MappedBuffer { host, device_ptr } = self;
+        host.free()
+            .map_err(|(host, e)| (MappedBuffer { host, device_ptr }, e))
+    }
+}
+
+/// Shape 1 of C++ `cudaAllocMapped(void** cpuPtr, void** gpuPtr, size_t size)`: zeroed mapped
+/// memory whose CPU and GPU pointers are [`MappedBuffer::host_ptr`] and
+/// [`MappedBuffer::device_ptr`].
+///
+/// Checks first that the device can map host memory and has unified addressing. Zero length is
+/// [`Misuse::ZeroLength`], as the C++ helper refuses `size == 0`.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// let buf = cuda_mem::alloc_mapped::<f32>(1024)?;
+/// let (cpu, gpu) = (buf.host_ptr(), buf.device_ptr());
+/// # let _ = (cpu, gpu); Ok(()) }
+/// ```
+pub fn alloc_mapped<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
+    MappedBuffer::with_resolver(len, HostAllocFlags::DEFAULT, false, device_pointer)
+}
+
+/// Shape 2 of C++ `cudaAllocMapped(void** ptr, size_t size)`: one pointer valid on CPU and GPU.
+/// Fails with [`Misuse::UvaPointerMismatch`] (and frees the allocation) if the runtime's device
+/// pointer differs from the host pointer.
+pub fn alloc_mapped_uva<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
+    MappedBuffer::with_resolver(len, HostAllocFlags::DEFAULT, true, device_pointer)
+}
+
+/// Test support: [`alloc_mapped_uva`] with the device-pointer lookup replaced, so that tests can
+/// force its failure paths (a lookup error, a pointer mismatch) and check the host allocation
+/// was freed. Not part of the stable API.
+#[doc(hidden)]
+pub fn __alloc_mapped_uva_with<T: Pod>(
+    len: usize,
+    resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
+) -> Result<MappedBuffer<T>> {
+    MappedBuffer::with_resolver(len, HostAllocFlags::DEFAULT, true, resolve)
+}
+
+impl<T: Pod> sealed::Raw<T> for MappedBuffer<T> {
+    fn raw_ptr(&self) -> *const T {
+        self.host.as_ptr()
+    }
+    fn raw_len(&self) -> usize {
+        self.host.len()
+    }
+    fn side(&self) -> Side {
+        Side::Host
+    }
+    fn fence(&self) -> Option<&Fence> {
+        sealed::Raw::fence(&self.host)
+    }
+}
+
+impl<T: Pod> sealed::RawMut<T> for MappedBuffer<T> {
+    fn raw_mut_ptr(&mut self) -> *mut T {
+        self.host.as_mut_ptr()
+    }
+}
+
+impl<T: Pod> AsyncMemory<T> for MappedBuffer<T> {}

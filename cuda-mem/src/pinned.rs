@@ -1,0 +1,334 @@
+//! Pinned (page-locked) host memory: `cudaHostAlloc`, `cudaMallocHost`, `cudaFreeHost`.
+//!
+//! Pageable memory (`malloc`, `Vec`) forces the driver to stage every copy through a pinned
+//! buffer of its own, one chunk at a time. Pinned memory is copied by DMA in one step, at the
+//! link's speed, and is the only host memory an asynchronous copy can overlap with other work.
+//! Pinning is expensive (the OS must lock every page: milliseconds per hundred MiB), so allocate
+//! pinned buffers once and reuse them.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::BitOr;
+use std::ptr::NonNull;
+
+use bytemuck::Pod;
+use cuda_mem_sys as sys;
+
+use crate::copy::{impl_memory, Side};
+use crate::error::{check, Error, Misuse, Result};
+use crate::fence::Fence;
+use crate::size::{self, fmt_bytes};
+use crate::stream::Stream;
+
+/// Flags of `cudaHostAlloc`, OR-able with `|`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct HostAllocFlags(u32);
+
+impl HostAllocFlags {
+    /// `cudaHostAllocDefault`: plain pinned memory.
+    pub const DEFAULT: Self = Self(sys::cudaHostAllocDefault);
+    /// `cudaHostAllocPortable`: pinned for every CUDA context, not only the current one.
+    pub const PORTABLE: Self = Self(sys::cudaHostAllocPortable);
+    /// `cudaHostAllocMapped`: mapped into the device address space (zero-copy); see
+    /// [`MappedBuffer`](crate::MappedBuffer).
+    pub const MAPPED: Self = Self(sys::cudaHostAllocMapped);
+    /// `cudaHostAllocWriteCombined`: write-combined memory. Faster to copy to the device on
+    /// some systems, but **very slow for the CPU to read** (uncached): write it, never read it.
+    pub const WRITE_COMBINED: Self = Self(sys::cudaHostAllocWriteCombined);
+
+    const ALL: u32 =
+        sys::cudaHostAllocPortable | sys::cudaHostAllocMapped | sys::cudaHostAllocWriteCombined;
+
+    /// The raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Flags from raw bits; `None` if a bit is not one of the four flags.
+    pub fn from_bits(bits: u32) -> Option<Self> {
+        (bits & !Self::ALL == 0).then_some(Self(bits))
+    }
+
+    /// Whether every flag of `other` is set.
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl BitOr for HostAllocFlags {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for HostAllocFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for HostAllocFlags {
+    /// `DEFAULT`, or the set flags joined by `|`, e.g. `PORTABLE|MAPPED`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            return f.write_str("DEFAULT");
+        }
+        let names = [
+            (Self::PORTABLE, "PORTABLE"),
+            (Self::MAPPED, "MAPPED"),
+            (Self::WRITE_COMBINED, "WRITE_COMBINED"),
+        ];
+        let mut first = true;
+        for (flag, name) in names {
+            if self.contains(flag) {
+                if !first {
+                    f.write_str("|")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        let unknown = self.0 & !Self::ALL;
+        if unknown != 0 {
+            if !first {
+                f.write_str("|")?;
+            }
+            write!(f, "{unknown:#x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A typed buffer of pinned host memory, freed on drop (`cudaFreeHost`).
+///
+/// Host access ([`as_slice`](Self::as_slice), [`as_mut_slice`](Self::as_mut_slice)) first
+/// waits for asynchronous work queued on the buffer, which is why it returns a `Result`.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Stream};
+/// let stream = Stream::new()?;
+/// let mut host = PinnedBuffer::<u8>::zeroed(1 << 20, HostAllocFlags::DEFAULT)?;
+/// host.as_mut_slice()?.fill(7);
+/// let mut dev = DeviceBuffer::<u8>::uninit(1 << 20)?;
+/// copy_async(&mut dev, &host, &stream)?;      // DMA, returns at once
+/// host.as_mut_slice()?.fill(9);               // waits for the copy first
+/// assert_eq!(dev.to_vec()?[0], 7);
+/// # Ok(()) }
+/// ```
+pub struct PinnedBuffer<T: Pod> {
+    ptr: NonNull<T>,
+    len: usize,
+    flags: HostAllocFlags,
+    fence: Fence,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like `Vec<T>`; pinned memory may be
+// accessed and freed from any thread. Sending it sends `T` values, hence `T: Send`.
+unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
+// SAFETY: `&PinnedBuffer` gives `&[T]` (after waiting on the mutex-protected fence) and
+// read-only copies, so sharing it shares `&T`, sound when `T: Sync`.
+unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
+
+impl_memory!(PinnedBuffer, Side::Host);
+
+impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("flags", &self.flags)
+            .finish()
+    }
+}
+
+impl<T: Pod> PinnedBuffer<T> {
+    /// Allocates `len` zeroed elements with `cudaHostAlloc(flags)`.
+    pub fn zeroed(len: usize, flags: HostAllocFlags) -> Result<Self> {
+        // SAFETY: the memory is zero-filled before anyone can read it.
+        let mut buf = unsafe { Self::uninit(len, flags)? };
+        buf.zero_fill();
+        Ok(buf)
+    }
+
+    /// Allocates with `cudaHostAlloc(flags)` and copies `src` in.
+    pub fn from_slice(src: &[T], flags: HostAllocFlags) -> Result<Self> {
+        // SAFETY: every element is written from `src` before anyone can read it.
+        let buf = unsafe { Self::uninit(src.len(), flags)? };
+        // SAFETY: the allocation holds `src.len()` elements and does not overlap `src`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), buf.ptr.as_ptr(), src.len());
+        }
+        Ok(buf)
+    }
+
+    /// Allocates `len` elements with `cudaHostAlloc(flags)`, contents left as the OS gave them.
+    ///
+    /// # Safety
+    /// The memory is uninitialised: write it (e.g. by a copy from the device) before reading it
+    /// through [`as_slice`](Self::as_slice).
+    pub unsafe fn uninit(len: usize, flags: HostAllocFlags) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, "PinnedBuffer::zeroed")?;
+        if HostAllocFlags::from_bits(flags.bits()).is_none() {
+            return Err(Misuse::InvalidFlags {
+                op: "cudaHostAlloc",
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `bytes` is non-zero; flags are known bits.
+        let code = unsafe { sys::cudaHostAlloc(&mut raw, bytes, flags.bits()) };
+        check(code, || {
+            format!("cudaHostAlloc({}, {flags})", fmt_bytes(bytes))
+        })?;
+        Self::adopt(raw, len, flags, "cudaHostAlloc")
+    }
+
+    /// Allocates `len` zeroed elements with `cudaMallocHost` (the same as
+    /// `cudaHostAlloc(DEFAULT)`).
+    pub fn malloc_host(len: usize) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, "PinnedBuffer::malloc_host")?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `bytes` is non-zero.
+        let code = unsafe { sys::cudaMallocHost(&mut raw, bytes) };
+        check(code, || format!("cudaMallocHost({})", fmt_bytes(bytes)))?;
+        let mut buf = Self::adopt(raw, len, HostAllocFlags::DEFAULT, "cudaMallocHost")?;
+        buf.zero_fill();
+        Ok(buf)
+    }
+
+    fn adopt(
+        raw: *mut std::os::raw::c_void,
+        len: usize,
+        flags: HostAllocFlags,
+        op: &'static str,
+    ) -> Result<Self> {
+        let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer { op })?;
+        Ok(PinnedBuffer {
+            ptr,
+            len,
+            flags,
+            fence: Fence::default(),
+            _owns: PhantomData,
+        })
+    }
+
+    fn zero_fill(&mut self) {
+        // SAFETY: the allocation holds `len` elements; all-zero bytes are a valid `T` (Pod).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.len) };
+    }
+
+    /// The flags the buffer was allocated with.
+    pub fn flags(&self) -> HostAllocFlags {
+        self.flags
+    }
+
+    /// The flags as the runtime reports them (`cudaHostGetFlags`). The driver may add bits
+    /// (e.g. MAPPED on systems where all pinned memory is mapped).
+    pub fn runtime_flags(&self) -> Result<u32> {
+        let mut flags = 0u32;
+        let p = self.ptr.as_ptr();
+        // SAFETY: valid out-pointer; `p` is a live pinned allocation.
+        let code = unsafe { sys::cudaHostGetFlags(&mut flags, p.cast()) };
+        check(code, || format!("cudaHostGetFlags({p:p})"))?;
+        Ok(flags)
+    }
+
+    /// Whether the memory is write-combined: reading it from the CPU is very slow.
+    pub fn is_write_combined(&self) -> bool {
+        self.flags.contains(HostAllocFlags::WRITE_COMBINED)
+    }
+
+    /// The contents, after waiting for queued GPU work on the buffer.
+    ///
+    /// On write-combined memory this read is uncached and very slow; see
+    /// [`HostAllocFlags::WRITE_COMBINED`].
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.fence.wait()?;
+        // SAFETY: the allocation holds `len` initialised elements (zeroed or written by the
+        // constructor or by the GPU, and `T: Pod`); GPU work that may write it was waited for
+        // above, and safe code can queue new writes only through `&mut self` (copy_async's
+        // destination), impossible while this shared borrow lives. The borrow keeps the memory
+        // alive.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The contents, writable, after waiting for queued GPU work on the buffer.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.fence.wait()?;
+        // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique, and no GPU work that
+        // uses the buffer can be queued through safe code while it lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// Records that work the caller queued on `stream` (e.g. a kernel given the buffer's
+    /// device pointer) uses this buffer: host access and drop then wait for it.
+    pub fn record_use(&self, stream: &Stream) -> Result<()> {
+        self.fence.before(stream)?;
+        self.fence.record(stream)
+    }
+
+    /// Waits for all pending work recorded on this buffer.
+    pub fn synchronize(&self) -> Result<()> {
+        self.fence.wait()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The host address.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// The host address, writable. Writing through it while GPU work is pending is the
+    /// caller's responsibility.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// Frees now (`cudaFreeHost`) and reports failure; on failure the buffer comes back.
+    pub fn free(self) -> Result<(), (Self, Error)> {
+        match self.release() {
+            Ok(()) => {
+                let mut me = std::mem::ManuallyDrop::new(self);
+                // SAFETY: `me` is never used again and the memory is freed; only the fence (an
+                // event) is left to drop.
+                unsafe { std::ptr::drop_in_place(&mut me.fence) };
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    fn release(&self) -> Result<()> {
+        self.fence.wait()?;
+        let p = self.ptr.as_ptr();
+        // SAFETY: we own the allocation and never use it after this call.
+        check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
+            format!("cudaFreeHost({p:p})")
+        })
+    }
+}
+
+impl<T: Pod> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        // Errors are ignored (cudaErrorCudartUnloading at exit, sticky errors): never panic.
+        let _ = self.release();
+    }
+}
