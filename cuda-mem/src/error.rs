@@ -77,6 +77,12 @@ impl ErrorCode {
         static_str(unsafe { sys::cudaGetErrorString(sys::cudaError(self.0)) })
     }
 
+    /// Whether the linked runtime has a name for this code.
+    pub fn is_known(self) -> bool {
+        let name = self.name();
+        name.starts_with("cudaError") || name == "cudaSuccess"
+    }
+
     /// Out of memory: `cudaErrorMemoryAllocation`.
     pub fn is_out_of_memory(self) -> bool {
         self == Self::MEMORY_ALLOCATION
@@ -114,8 +120,19 @@ impl fmt::Debug for ErrorCode {
 }
 
 impl fmt::Display for ErrorCode {
+    /// `cudaErrorMemoryAllocation: out of memory`; a code the runtime does not know keeps its
+    /// number: `cudaError_t 12345 (unknown to this runtime): unrecognized error code`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.name(), self.description())
+        if self.is_known() {
+            write!(f, "{}: {}", self.name(), self.description())
+        } else {
+            write!(
+                f,
+                "cudaError_t {} (unknown to this runtime): {}",
+                self.0,
+                self.description()
+            )
+        }
     }
 }
 

@@ -1,1 +1,105 @@
-//! stub
+//! Support for the integration tests: finding the GPU (or skipping visibly), child processes,
+//! and the process memory counters the leak tests read.
+
+use cuda_mem::Device;
+
+/// Whether the environment demands a GPU (`CUDA_MEM_REQUIRE_GPU=1`, set by the GPU runner).
+pub fn gpu_required() -> bool {
+    std::env::var("CUDA_MEM_REQUIRE_GPU").as_deref() == Ok("1")
+}
+
+/// Device 0, or `None` after printing a visible SKIP line when there is none. Panics (fails the
+/// test) instead of skipping when [`gpu_required`].
+pub fn gpu(test: &str) -> Option<Device> {
+    match Device::count() {
+        Ok(n) if n > 0 => match Device::get(0) {
+            Ok(d) => Some(d),
+            Err(e) => panic!("{test}: device 0 unusable: {e}"),
+        },
+        other => {
+            let why = match other {
+                Ok(_) => "no CUDA device".to_string(),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                !gpu_required(),
+                "{test}: CUDA_MEM_REQUIRE_GPU=1 but no GPU: {why}"
+            );
+            skip(&format!("{test}: no CUDA device ({why})"));
+            None
+        }
+    }
+}
+
+/// Prints a `SKIP` line that the test harness does not capture, so it shows in every run.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIP {why}");
+}
+
+/// `let dev = gpu_or_skip!();` returns from the test when no GPU is present.
+#[macro_export]
+macro_rules! gpu_or_skip {
+    () => {
+        match $crate::gpu(module_path!()) {
+            Some(d) => d,
+            None => return,
+        }
+    };
+}
+
+/// Whether a GPU is present (no message, no failure): for tests of the no-driver paths.
+pub fn has_gpu() -> bool {
+    matches!(Device::count(), Ok(n) if n > 0)
+}
+
+/// A field of `/proc/self/status` in KiB (`VmRSS`, `VmLck`), 0 if absent.
+pub fn proc_status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Runs this test executable again with only `test` selected and `env` set, waiting at most
+/// `timeout`. Returns (exit success, stdout + stderr), or an error if it hung and was killed.
+pub fn run_child(
+    test: &str,
+    env: &[(&str, &str)],
+    timeout: std::time::Duration,
+) -> anyhow::Result<(bool, String)> {
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn()?;
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(out) => {
+            let out = out?;
+            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.stderr));
+            Ok((out.status.success(), text))
+        }
+        Err(_) => {
+            // SAFETY: plain syscall on the child's pid, which has not been reaped (the waiting
+            // thread still holds it), so it cannot name another process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            anyhow::bail!("child {test} hung for more than {timeout:?} and was killed")
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Integration tests of cuda-mem against the installed toolkit: one executable, one module per
+//! area. GPU tests skip with a visible `SKIP` line when no device is present, and fail instead
+//! when `CUDA_MEM_REQUIRE_GPU=1`.
+//!
+//! Run them one at a time on a GPU (`--test-threads=1`): the leak and out-of-memory tests read
+//! device-wide free memory.
+
+mod concurrency;
+mod copies;
+mod device;
+mod differential;
+mod errors;
+mod faults;
+mod leaks;
+mod managed;
+mod mapped;
+mod misuse;
+mod pinned;
+mod registered;
+
+/// A pattern that differs per element and per `seed`, so stale data never matches.
+pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
+        .collect()
+}
