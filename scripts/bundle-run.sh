@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runner of a bundle made by scripts/bundle.sh: runs every test executable (one test at a
+# time) and every example with CUDA_MEM_REQUIRE_GPU=1, so GPU tests fail rather than skip when
+# no device is found, and ends with one line `N passed, M failed`.
+#
+#   run.sh              # everything
+#   run.sh --memcheck   # every test executable under compute-sanitizer --tool memcheck
+#                       # (skips the deliberate-fault and exit-time tests, and the CLI's)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+export CUDA_MEM_REQUIRE_GPU=1
+export CUDA_MEM_BIN="$here/bin/cuda-mem"
+export CUDA_MEM_STRESS_SECS="${CUDA_MEM_STRESS_SECS:-10}"
+memcheck=0
+[ "${1:-}" = "--memcheck" ] && memcheck=1
+passed=0; failed=0
+log_dir="${CUDA_MEM_LOG_DIR:-$here/logs}"; mkdir -p "$log_dir"
+
+run_tests() {  # $1: executable; rest: extra args
+  local exe=$1; shift
+  local name; name=$(basename "$exe")
+  local log="$log_dir/$name.log"; [ $memcheck = 1 ] && log="$log_dir/$name.memcheck.log"
+  local cmd=("$exe" --test-threads=1 "$@")
+  if [ $memcheck = 1 ]; then
+    cmd=(compute-sanitizer --tool memcheck --error-exitcode 97 --print-limit 20 "${cmd[@]}")
+  fi
+  "${cmd[@]}" >"$log" 2>&1; local rc=$?
+  local p f
+  read -r p f < <(awk '/^test result:/ { for (i = 1; i < NF; i++) {
+      if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+    END { print p + 0, f + 0 }' "$log")
+  if [ $rc -ne 0 ] && [ "$f" = 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f))
+  printf '%-40s rc=%-3s passed=%-4s failed=%s\n' "$name" "$rc" "$p" "$f"
+  if [ $rc -ne 0 ] || [ "$f" != 0 ]; then
+    grep -E 'FAILED|panicked|ERROR SUMMARY|Invalid|error' "$log" | head -40
+  fi
+  if [ $memcheck = 1 ]; then grep -E 'ERROR SUMMARY' "$log" | sed 's/^/    /'; fi
+}
+
+for exe in "$here"/tests/*; do
+  [ -x "$exe" ] || continue
+  if [ $memcheck = 1 ]; then
+    case "$(basename "$exe")" in
+      cuda-mem-cli-*) continue ;;  # runs the binary (and its bench) as child processes
+    esac
+    CUDA_MEM_LEAK_CYCLES="${CUDA_MEM_LEAK_CYCLES:-1000}" CUDA_MEM_STRESS_SECS=3 \
+      run_tests "$exe" --skip faults::
+  else
+    run_tests "$exe"
+  fi
+done
+
+if [ $memcheck = 0 ]; then
+  for exe in "$here"/bin/*; do
+    case "$(basename "$exe")" in cuda-mem) continue ;; esac
+    name=$(basename "$exe")
+    if "$exe" >"$log_dir/example-$name.log" 2>&1; then
+      passed=$((passed + 1)); printf '%-40s ok\n' "example $name"
+    else
+      failed=$((failed + 1)); printf '%-40s FAILED\n' "example $name"; tail -20 "$log_dir/example-$name.log"
+    fi
+  done
+fi
+echo "$passed passed, $failed failed"
+[ $failed = 0 ]

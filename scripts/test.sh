@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every check and test of the workspace: formatting, clippy, docs, the CPU test suite
+# (GPU tests skip visibly without a device; CUDA_MEM_REQUIRE_GPU=1 makes them fail instead)
+# and Miri over the code that needs no GPU (where the nightly Miri component is installed).
+#
+#   scripts/test.sh                      # against the installed toolkit, or CUDA 13.0 wheels
+#   CUDA_MEM_CUDA=12.9 scripts/test.sh   # against the CUDA 12.9 wheels
+#
+# Installs what is missing by itself (scripts/setup.sh): libclang, and the CUDA wheels into
+# .cuda/ only when no toolkit is found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(scripts/setup.sh | tail -n1)
+export CUDA_PATH="$root"
+echo "== cuda-mem tests against $CUDA_PATH"
+export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
+export RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings"
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo doc --workspace --no-deps
+cargo test --workspace
+
+if cargo +nightly miri --version >/dev/null 2>&1; then
+  echo "== Miri (code that needs no GPU)"
+  # The unit tests that make no runtime call: size arithmetic, flags, error formatting, copy
+  # planning. (Miri cannot call into cudart.)
+  cargo +nightly miri test -p cuda-mem --lib -- \
+    size:: error::tests copy::tests managed::tests pinned::tests
+else
+  echo "SKIP Miri: the nightly toolchain with the miri component is not installed" \
+       "(rustup toolchain install nightly --component miri)"
+fi
