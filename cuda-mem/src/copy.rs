@@ -325,3 +325,51 @@ macro_rules! impl_memory {
     };
 }
 pub(crate) use impl_memory;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::cudaMemcpyKind as K;
+
+    #[test]
+    fn copy_kind_follows_the_sides() {
+        assert_eq!(
+            Side::copy_kind(Side::Host, Side::Device),
+            K::cudaMemcpyHostToDevice
+        );
+        assert_eq!(
+            Side::copy_kind(Side::Device, Side::Host),
+            K::cudaMemcpyDeviceToHost
+        );
+        assert_eq!(
+            Side::copy_kind(Side::Device, Side::Device),
+            K::cudaMemcpyDeviceToDevice
+        );
+        assert_eq!(
+            Side::copy_kind(Side::Host, Side::Host),
+            K::cudaMemcpyHostToHost
+        );
+        assert_eq!(
+            Side::copy_kind(Side::Unified, Side::Host),
+            K::cudaMemcpyDefault
+        );
+        assert_eq!(
+            Side::copy_kind(Side::Device, Side::Unified),
+            K::cudaMemcpyDefault
+        );
+        assert_eq!(Side::copy_kind_name(K::cudaMemcpyDefault), "Default");
+    }
+
+    #[test]
+    fn plans_check_ranges_before_any_pointer_use() {
+        let mut dst = vec![0u32; 4];
+        let src = vec![1u32; 8];
+        let p = Plan::new(&mut dst, 1, &src, 5, 3).unwrap();
+        assert_eq!(p.bytes, 12);
+        assert_eq!(p.d as usize, dst.as_ptr() as usize + 4);
+        assert_eq!(p.s as usize, src.as_ptr() as usize + 20);
+        assert!(Plan::new(&mut dst, 2, &src, 0, 3).is_err());
+        assert!(Plan::new(&mut dst, 0, &src, 6, 3).is_err());
+        assert!(Plan::new(&mut dst, usize::MAX, &src, 0, 1).is_err());
+    }
+}

@@ -378,3 +378,69 @@ pub(crate) fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Re
 pub(crate) fn check_call(code: sys::cudaError_t, call: &'static str) -> Result<()> {
     check(code, || call.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misuse_messages() {
+        let cases: [(Misuse, &str); 5] = [
+            (
+                Misuse::ZeroLength {
+                    op: "DeviceBuffer::uninit",
+                },
+                "DeviceBuffer::uninit: a length of zero is not allowed",
+            ),
+            (
+                Misuse::SizeOverflow {
+                    len: usize::MAX,
+                    elem_size: 8,
+                },
+                "18446744073709551615 elements of 8 bytes overflow usize",
+            ),
+            (
+                Misuse::LengthMismatch { dst: 3, src: 4 },
+                "copy between buffers of different lengths: destination 3 elements, source 4",
+            ),
+            (
+                Misuse::UvaPointerMismatch {
+                    host: 0x1000,
+                    device: 0x2000,
+                },
+                "host pointer 0x1000 and device pointer 0x2000 of mapped memory differ: \
+                 unified virtual addressing was required",
+            ),
+            (
+                Misuse::DeviceOutOfRange {
+                    ordinal: 7,
+                    count: 1,
+                },
+                "device ordinal 7 is out of range: 1 device(s) present",
+            ),
+        ];
+        for (m, text) in cases {
+            let e = Error::from(m.clone());
+            assert_eq!(e.to_string(), text);
+            assert_eq!(e.misuse(), Some(&m));
+            assert_eq!(e.code(), None);
+            assert!(std::error::Error::source(&e).is_none());
+            assert!(!e.is_out_of_memory() && !e.is_sticky() && !e.is_no_device());
+        }
+    }
+
+    #[test]
+    fn sticky_and_oom_classification_needs_no_runtime() {
+        assert!(ErrorCode::ILLEGAL_ADDRESS.is_sticky());
+        assert!(ErrorCode(sys::cudaError::cudaErrorLaunchFailure.0).is_sticky());
+        assert!(!ErrorCode::MEMORY_ALLOCATION.is_sticky());
+        assert!(ErrorCode::MEMORY_ALLOCATION.is_out_of_memory());
+        assert!(ErrorCode::NO_DEVICE.is_no_device());
+        assert!(!ErrorCode(123_456).is_sticky());
+        let e = Error::Cuda {
+            code: ErrorCode::ILLEGAL_ADDRESS,
+            call: "x".into(),
+        };
+        assert!(e.is_sticky() && e.call() == Some("x"));
+    }
+}

@@ -12,7 +12,7 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::copy::{impl_memory, Side};
-use crate::devices::{current_ordinal, Device};
+use crate::devices::Device;
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::Fence;
 use crate::size::{self, fmt_bytes};
@@ -140,6 +140,8 @@ pub struct ManagedBuffer<T: Pod> {
     ptr: NonNull<T>,
     len: usize,
     device: i32,
+    /// `cudaDevAttrConcurrentManagedAccess` of `device`, read once at allocation.
+    concurrent_access: bool,
     fence: Fence,
     _owns: PhantomData<T>,
 }
@@ -172,6 +174,9 @@ impl<T: Pod> ManagedBuffer<T> {
             sys::cudaDeviceAttr::cudaDevAttrManagedMemory,
             "cudaDevAttrManagedMemory (managed memory)",
         )?;
+        let concurrent_access = dev
+            .attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)?
+            != 0;
         let (free, _) = dev.mem_info()?;
         if bytes > free {
             return Err(Misuse::ManagedExceedsFree { bytes, free }.into());
@@ -188,7 +193,8 @@ impl<T: Pod> ManagedBuffer<T> {
         let buf = ManagedBuffer {
             ptr,
             len,
-            device: current_ordinal(),
+            device: dev.ordinal(),
+            concurrent_access,
             fence: Fence::default(),
             _owns: PhantomData,
         };
@@ -200,9 +206,8 @@ impl<T: Pod> ManagedBuffer<T> {
 
     fn wait_for_host(&self) -> Result<()> {
         self.fence.wait()?;
-        let dev = Device::get(self.device)?;
-        if dev.attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)? == 0 {
-            dev.synchronize()?;
+        if !self.concurrent_access {
+            Device::get(self.device)?.synchronize()?;
         }
         Ok(())
     }
@@ -407,5 +412,19 @@ impl<T: Pod> Drop for ManagedBuffer<T> {
     fn drop(&mut self) {
         // Errors ignored (exit-time unloading, sticky errors): drop never panics.
         let _ = self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_round_trip_through_device_ids() {
+        assert_eq!(Location::Host.as_device_id(), CPU_DEVICE_ID);
+        assert_eq!(Location::Device(3).as_device_id(), 3);
+        assert_eq!(Location::from_device_id(-1), Some(Location::Host));
+        assert_eq!(Location::from_device_id(0), Some(Location::Device(0)));
+        assert_eq!(Location::from_device_id(-2), None);
     }
 }

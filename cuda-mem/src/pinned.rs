@@ -332,3 +332,23 @@ impl<T: Pod> Drop for PinnedBuffer<T> {
         let _ = self.release();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HostAllocFlags as F;
+
+    #[test]
+    fn flags_combine_and_print() {
+        assert_eq!(F::DEFAULT.to_string(), "DEFAULT");
+        assert_eq!((F::MAPPED | F::PORTABLE).to_string(), "PORTABLE|MAPPED");
+        assert_eq!(
+            (F::WRITE_COMBINED | F::MAPPED | F::PORTABLE).to_string(),
+            "PORTABLE|MAPPED|WRITE_COMBINED"
+        );
+        assert!((F::MAPPED | F::PORTABLE).contains(F::MAPPED));
+        assert!(!F::PORTABLE.contains(F::MAPPED));
+        assert_eq!(F::from_bits(8), None);
+        assert_eq!(F::from_bits(2), Some(F::MAPPED));
+        assert_eq!((F::PORTABLE | F::WRITE_COMBINED).bits(), 5);
+    }
+}
