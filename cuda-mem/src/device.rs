@@ -51,7 +51,12 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Safe because `T: Pod` accepts any bytes and the memory is never read by the CPU in
     /// place: copying it out yields arbitrary but valid values.
     pub fn uninit(len: usize) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, "DeviceBuffer::uninit")?;
+        Self::malloc(len, "DeviceBuffer::uninit")
+    }
+
+    /// `cudaMalloc`, with `op` naming the public constructor in misuse errors.
+    fn malloc(len: usize, op: &'static str) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, op)?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `bytes` is non-zero and fits in isize.
         let code = unsafe { sys::cudaMalloc(&mut raw, bytes) };
@@ -74,14 +79,14 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Allocates `len` zeroed elements (`cudaMalloc` + `cudaMemset(0)`).
     pub fn zeroed(len: usize) -> Result<Self> {
-        let mut buf = Self::uninit(len)?;
+        let mut buf = Self::malloc(len, "DeviceBuffer::zeroed")?;
         buf.memset(0)?;
         Ok(buf)
     }
 
     /// Allocates a buffer holding a copy of `src` (`cudaMalloc` + `cudaMemcpyHostToDevice`).
     pub fn from_slice(src: &[T]) -> Result<Self> {
-        let mut buf = Self::uninit(src.len())?;
+        let mut buf = Self::malloc(src.len(), "DeviceBuffer::from_slice")?;
         copy::copy(&mut buf, src)?;
         Ok(buf)
     }
@@ -132,6 +137,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Records that work the caller queued on `stream` (e.g. a kernel given
     /// [`as_mut_ptr`](Self::as_mut_ptr)) uses this buffer: drop and copies then wait for it.
     pub fn record_use(&self, stream: &Stream) -> Result<()> {
+        self.fence.before(stream)?;
         self.fence.record(stream)
     }
 

@@ -7,6 +7,19 @@ use std::os::raw::c_void;
 use cuda_mem_sys as sys;
 
 use crate::error::{check, Misuse, Result};
+
+/// The probes work on whole 16-byte words: anything else is misuse, not silently truncated.
+fn whole_words(bytes: usize) -> Result<u64> {
+    if bytes == 0 || bytes % 16 != 0 {
+        return Err(Misuse::OutOfBounds {
+            offset: bytes - bytes % 16,
+            len: bytes % 16,
+            buffer_len: bytes - bytes % 16,
+        }
+        .into());
+    }
+    Ok((bytes / 16) as u64)
+}
 use crate::stream::Stream;
 
 /// A loaded module (`cudaLibrary_t`), unloaded on drop.
@@ -234,7 +247,8 @@ impl Probes {
         self.sms * 8
     }
 
-    /// Queues `cm_read` over `bytes` bytes at device address `p` (`bytes` a multiple of 16).
+    /// Queues `cm_read` over `bytes` bytes at device address `p`. `bytes` must be a non-zero
+    /// multiple of 16 ([`Misuse::OutOfBounds`] otherwise: the tail that does not fit).
     ///
     /// # Safety
     /// `p` must be device-accessible memory of at least `bytes` bytes, 16-byte aligned, alive
@@ -247,7 +261,7 @@ impl Probes {
         stream: &Stream,
     ) -> Result<()> {
         let mut p = p;
-        let mut n = (bytes / 16) as u64;
+        let mut n = whole_words(bytes)?;
         let mut sink = sink;
         let mut args = [
             (&mut p as *mut *const c_void).cast(),
@@ -262,14 +276,15 @@ impl Probes {
         }
     }
 
-    /// Queues `cm_write` over `bytes` bytes at device address `p` (`bytes` a multiple of 16).
+    /// Queues `cm_write` over `bytes` bytes at device address `p`; `bytes` as for
+    /// [`read`](Self::read).
     ///
     /// # Safety
     /// `p` must be device-accessible, writable, 16-byte aligned memory of at least `bytes`
     /// bytes, alive and not read by the host until the kernel completes.
     pub unsafe fn write(&self, p: *mut c_void, bytes: usize, stream: &Stream) -> Result<()> {
         let mut p = p;
-        let mut n = (bytes / 16) as u64;
+        let mut n = whole_words(bytes)?;
         let mut args = [
             (&mut p as *mut *mut c_void).cast(),
             (&mut n as *mut u64).cast(),

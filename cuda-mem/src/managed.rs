@@ -174,9 +174,8 @@ impl<T: Pod> ManagedBuffer<T> {
             sys::cudaDeviceAttr::cudaDevAttrManagedMemory,
             "cudaDevAttrManagedMemory (managed memory)",
         )?;
-        let concurrent_access = dev
-            .attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)?
-            != 0;
+        let concurrent_access =
+            dev.attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)? != 0;
         let (free, _) = dev.mem_info()?;
         if bytes > free {
             return Err(Misuse::ManagedExceedsFree { bytes, free }.into());

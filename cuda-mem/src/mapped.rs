@@ -75,7 +75,7 @@ impl<T: Pod> MappedBuffer<T> {
     /// Allocates `len` zeroed elements of mapped memory; `extra` may add PORTABLE and
     /// WRITE_COMBINED (MAPPED is always set).
     pub fn zeroed(len: usize, extra: HostAllocFlags) -> Result<Self> {
-        Self::with_resolver(len, extra, false, device_pointer)
+        Self::with_resolver(len, extra, false, device_pointer, "MappedBuffer::zeroed")
     }
 
     /// The allocation path, with the device-pointer lookup as a parameter so tests can make it
@@ -85,8 +85,9 @@ impl<T: Pod> MappedBuffer<T> {
         extra: HostAllocFlags,
         uva: bool,
         resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
+        op: &'static str,
     ) -> Result<Self> {
-        size::alloc_bytes::<T>(len, "MappedBuffer::zeroed")?;
+        size::alloc_bytes::<T>(len, op)?;
         check_device()?;
         // Owned from here on: any `?` below drops `host`, which calls cudaFreeHost.
         let mut host = PinnedBuffer::<T>::zeroed(len, extra | HostAllocFlags::MAPPED)?;
@@ -147,6 +148,16 @@ impl<T: Pod> MappedBuffer<T> {
         self.host.is_empty()
     }
 
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.host.byte_len()
+    }
+
+    /// Waits for all pending work recorded on this buffer.
+    pub fn synchronize(&self) -> Result<()> {
+        self.host.synchronize()
+    }
+
     /// Frees now and reports failure; on failure the buffer comes back.
     pub fn free(self) -> Result<(), (Self, Error)> {
         let MappedBuffer { host, device_ptr } = self;
@@ -169,14 +180,26 @@ impl<T: Pod> MappedBuffer<T> {
 /// # let _ = (cpu, gpu); Ok(()) }
 /// ```
 pub fn alloc_mapped<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
-    MappedBuffer::with_resolver(len, HostAllocFlags::DEFAULT, false, device_pointer)
+    MappedBuffer::with_resolver(
+        len,
+        HostAllocFlags::DEFAULT,
+        false,
+        device_pointer,
+        "alloc_mapped",
+    )
 }
 
 /// Shape 2 of C++ `cudaAllocMapped(void** ptr, size_t size)`: one pointer valid on CPU and GPU.
 /// Fails with [`Misuse::UvaPointerMismatch`] (and frees the allocation) if the runtime's device
 /// pointer differs from the host pointer.
 pub fn alloc_mapped_uva<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
-    MappedBuffer::with_resolver(len, HostAllocFlags::DEFAULT, true, device_pointer)
+    MappedBuffer::with_resolver(
+        len,
+        HostAllocFlags::DEFAULT,
+        true,
+        device_pointer,
+        "alloc_mapped_uva",
+    )
 }
 
 /// Test support: [`alloc_mapped_uva`] with the device-pointer lookup replaced, so that tests can
@@ -187,7 +210,13 @@ pub fn __alloc_mapped_uva_with<T: Pod>(
     len: usize,
     resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
 ) -> Result<MappedBuffer<T>> {
-    MappedBuffer::with_resolver(len, HostAllocFlags::DEFAULT, true, resolve)
+    MappedBuffer::with_resolver(
+        len,
+        HostAllocFlags::DEFAULT,
+        true,
+        resolve,
+        "alloc_mapped_uva",
+    )
 }
 
 impl<T: Pod> sealed::Raw<T> for MappedBuffer<T> {

@@ -148,7 +148,7 @@ impl<T: Pod> PinnedBuffer<T> {
     /// Allocates `len` zeroed elements with `cudaHostAlloc(flags)`.
     pub fn zeroed(len: usize, flags: HostAllocFlags) -> Result<Self> {
         // SAFETY: the memory is zero-filled before anyone can read it.
-        let mut buf = unsafe { Self::uninit(len, flags)? };
+        let mut buf = unsafe { Self::host_alloc(len, flags, "PinnedBuffer::zeroed")? };
         buf.zero_fill();
         Ok(buf)
     }
@@ -156,7 +156,7 @@ impl<T: Pod> PinnedBuffer<T> {
     /// Allocates with `cudaHostAlloc(flags)` and copies `src` in.
     pub fn from_slice(src: &[T], flags: HostAllocFlags) -> Result<Self> {
         // SAFETY: every element is written from `src` before anyone can read it.
-        let buf = unsafe { Self::uninit(src.len(), flags)? };
+        let buf = unsafe { Self::host_alloc(src.len(), flags, "PinnedBuffer::from_slice")? };
         // SAFETY: the allocation holds `src.len()` elements and does not overlap `src`.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), buf.ptr.as_ptr(), src.len());
@@ -170,7 +170,20 @@ impl<T: Pod> PinnedBuffer<T> {
     /// The memory is uninitialised: write it (e.g. by a copy from the device) before reading it
     /// through [`as_slice`](Self::as_slice).
     pub unsafe fn uninit(len: usize, flags: HostAllocFlags) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, "PinnedBuffer::zeroed")?;
+        // SAFETY: the caller takes on the initialisation duty.
+        unsafe { Self::host_alloc(len, flags, "PinnedBuffer::uninit") }
+    }
+
+    /// `cudaHostAlloc`, with `op` naming the public constructor in misuse errors.
+    ///
+    /// # Safety
+    /// As [`uninit`](Self::uninit): the memory is uninitialised.
+    pub(crate) unsafe fn host_alloc(
+        len: usize,
+        flags: HostAllocFlags,
+        op: &'static str,
+    ) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, op)?;
         if HostAllocFlags::from_bits(flags.bits()).is_none() {
             return Err(Misuse::InvalidFlags {
                 op: "cudaHostAlloc",
@@ -226,8 +239,10 @@ impl<T: Pod> PinnedBuffer<T> {
         self.flags
     }
 
-    /// The flags as the runtime reports them (`cudaHostGetFlags`). The driver may add bits
-    /// (e.g. MAPPED on systems where all pinned memory is mapped).
+    /// The flags as the runtime reports them (`cudaHostGetFlags`). They are not always the
+    /// flags asked for: under unified addressing every pinned allocation is mapped, so MAPPED
+    /// is reported for all of them, and drivers may leave PORTABLE out (all pinned memory is
+    /// portable under UVA). WRITE_COMBINED is reported as asked.
     pub fn runtime_flags(&self) -> Result<u32> {
         let mut flags = 0u32;
         let p = self.ptr.as_ptr();
@@ -235,6 +250,18 @@ impl<T: Pod> PinnedBuffer<T> {
         let code = unsafe { sys::cudaHostGetFlags(&mut flags, p.cast()) };
         check(code, || format!("cudaHostGetFlags({p:p})"))?;
         Ok(flags)
+    }
+
+    /// The device address of this allocation (`cudaHostGetDevicePointer`): for memory
+    /// allocated with MAPPED, or any pinned memory under unified addressing. Kernels given it
+    /// must be recorded with [`record_use`](Self::record_use).
+    pub fn device_ptr(&self) -> Result<*mut T> {
+        let mut dev = std::ptr::null_mut();
+        let p = self.ptr.as_ptr();
+        // SAFETY: valid out-pointer; `p` is a live pinned allocation; flags must be 0.
+        let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, p.cast(), 0) };
+        check(code, || format!("cudaHostGetDevicePointer({p:p})"))?;
+        Ok(dev.cast())
     }
 
     /// Whether the memory is write-combined: reading it from the CPU is very slow.

@@ -86,8 +86,8 @@ struct Registration<T> {
 }
 
 impl<T: Pod> Registration<T> {
-    fn new(slice: &mut [T], flags: HostRegisterFlags) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(slice.len(), "cudaHostRegister")?;
+    fn new(slice: &mut [T], flags: HostRegisterFlags, op: &'static str) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(slice.len(), op)?;
         if HostRegisterFlags::from_bits(flags.bits()).is_none() {
             return Err(Misuse::InvalidFlags {
                 op: "cudaHostRegister",
@@ -200,7 +200,7 @@ impl<'a, T: Pod> RegisteredSlice<'a, T> {
     /// `cudaErrorHostMemoryAlreadyRegistered`.
     pub fn register(slice: &'a mut [T], flags: HostRegisterFlags) -> Result<Self> {
         Ok(RegisteredSlice {
-            reg: Registration::new(slice, flags)?,
+            reg: Registration::new(slice, flags, "RegisteredSlice::register")?,
             _borrow: std::marker::PhantomData,
         })
     }
@@ -228,6 +228,16 @@ impl<'a, T: Pod> RegisteredSlice<'a, T> {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.reg.len
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.reg.len * std::mem::size_of::<T>()
+    }
+
+    /// The host address.
+    pub fn as_ptr(&self) -> *const T {
+        self.reg.ptr.as_ptr()
     }
 
     /// Always false: registrations hold at least one element.
@@ -270,7 +280,7 @@ unsafe impl<T: Pod + Sync> Sync for RegisteredVec<T> {}
 impl<T: Pod> RegisteredVec<T> {
     /// Pins the `Vec`'s elements in place with `cudaHostRegister(flags)`.
     pub fn register(mut vec: Vec<T>, flags: HostRegisterFlags) -> Result<Self> {
-        let reg = Registration::new(&mut vec, flags)?;
+        let reg = Registration::new(&mut vec, flags, "RegisteredVec::register")?;
         Ok(RegisteredVec { reg, vec })
     }
 
@@ -317,6 +327,21 @@ impl<T: Pod> RegisteredVec<T> {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.vec.len()
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.reg.len * std::mem::size_of::<T>()
+    }
+
+    /// The host address.
+    pub fn as_ptr(&self) -> *const T {
+        self.reg.ptr.as_ptr()
+    }
+
+    /// Waits for all pending work recorded on this buffer.
+    pub fn synchronize(&self) -> Result<()> {
+        self.reg.fence.wait()
     }
 
     /// Always false: registrations hold at least one element.

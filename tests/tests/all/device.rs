@@ -66,10 +66,8 @@ fn raw_ownership_round_trip_with_c_allocations() {
     assert_eq!((p.cast(), len), (raw, 64));
     // Ownership is back with C: free it the C way.
     // SAFETY: `p` is a live cudaMalloc allocation no one else owns.
-    assert_eq!(
-        unsafe { sys::cudaFree(p.cast()) },
-        sys::cudaError::cudaSuccess
-    );
+    let code = unsafe { sys::cudaFree(p.cast()) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
 }
 
 #[test]
@@ -95,10 +93,8 @@ fn one_tib_is_out_of_memory_and_the_next_allocation_works() {
     );
     // The failure was cleared from the runtime's last-error state...
     // SAFETY: no arguments.
-    assert_eq!(
-        unsafe { sys::cudaGetLastError() },
-        sys::cudaError::cudaSuccess
-    );
+    let code = unsafe { sys::cudaGetLastError() };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
     // ...and the next allocation works.
     let ok = DeviceBuffer::from_slice(&[7u32; 1024]).unwrap();
     assert_eq!(ok.to_vec().unwrap(), vec![7u32; 1024]);

@@ -55,7 +55,8 @@ fn pair_shape_matches_the_cpp_helper() {
         if cpp == Outcome::Ok {
             assert_eq!(cpu, gpu, "C++: UVA pointers");
             // SAFETY: `cpu` came from cudaHostAlloc in the reference.
-            assert_eq!(unsafe { ref_free_host(cpu) }, 0);
+            let code = unsafe { ref_free_host(cpu) };
+            assert_eq!(code, 0);
         }
         // SAFETY: no arguments; the reference leaves the error set, the Rust side clears it.
         unsafe { ref_get_last_error() };
@@ -76,7 +77,8 @@ fn single_pointer_shape_matches_the_cpp_helper() {
         let cpp = cpp_outcome(code);
         if cpp == Outcome::Ok {
             // SAFETY: `p` is the host (= device) pointer of a cudaHostAlloc allocation.
-            assert_eq!(unsafe { ref_free_host(p) }, 0);
+            let code = unsafe { ref_free_host(p) };
+            assert_eq!(code, 0);
         }
         // SAFETY: no arguments.
         unsafe { ref_get_last_error() };

@@ -110,7 +110,8 @@ fn exit_child() {
     *DROPPED_AT_EXIT.lock().unwrap() =
         Some(PinnedBuffer::zeroed(1 << 20, HostAllocFlags::DEFAULT).unwrap());
     // SAFETY: registers a plain extern "C" function with no arguments.
-    assert_eq!(unsafe { libc::atexit(drop_at_exit) }, 0);
+    let code = unsafe { libc::atexit(drop_at_exit) };
+    assert_eq!(code, 0);
     let live = DeviceBuffer::<u8>::zeroed(4096).unwrap();
     println!("EXITING");
     // Exit with `live` still on the stack: no destructor runs for it.

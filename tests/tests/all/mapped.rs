@@ -28,10 +28,8 @@ fn pair_shape_gives_cpu_and_gpu_pointers_and_device_memset_is_seen() {
     let code = unsafe { sys::cudaMemset(buf.device_ptr().cast(), 0x3c, 1 << 20) };
     assert_eq!(code, sys::cudaError::cudaSuccess);
     // SAFETY: no arguments.
-    assert_eq!(
-        unsafe { sys::cudaDeviceSynchronize() },
-        sys::cudaError::cudaSuccess
-    );
+    let code = unsafe { sys::cudaDeviceSynchronize() };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
     assert!(buf.as_slice().unwrap().iter().all(|&b| b == 0x3c));
 }
 

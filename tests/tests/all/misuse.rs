@@ -25,7 +25,7 @@ fn constructors() -> Vec<(&'static str, &'static str, Ctor)> {
         ("DeviceBuffer::uninit", "DeviceBuffer::uninit", |n| {
             DeviceBuffer::<u64>::uninit(n).map(drop)
         }),
-        ("DeviceBuffer::zeroed", "DeviceBuffer::uninit", |n| {
+        ("DeviceBuffer::zeroed", "DeviceBuffer::zeroed", |n| {
             DeviceBuffer::<u64>::zeroed(n).map(drop)
         }),
         ("PinnedBuffer::zeroed", "PinnedBuffer::zeroed", |n| {
@@ -50,10 +50,10 @@ fn constructors() -> Vec<(&'static str, &'static str, Ctor)> {
         ("MappedBuffer::zeroed", "MappedBuffer::zeroed", |n| {
             MappedBuffer::<u64>::zeroed(n, HostAllocFlags::PORTABLE).map(drop)
         }),
-        ("alloc_mapped", "MappedBuffer::zeroed", |n| {
+        ("alloc_mapped", "alloc_mapped", |n| {
             alloc_mapped::<u64>(n).map(drop)
         }),
-        ("alloc_mapped_uva", "MappedBuffer::zeroed", |n| {
+        ("alloc_mapped_uva", "alloc_mapped_uva", |n| {
             alloc_mapped_uva::<u64>(n).map(drop)
         }),
         ("ManagedBuffer::zeroed", "ManagedBuffer::zeroed", |n| {
@@ -79,7 +79,7 @@ fn zero_length_is_refused_by_every_constructor() {
             HostRegisterFlags::DEFAULT
         )),
         Misuse::ZeroLength {
-            op: "cudaHostRegister"
+            op: "RegisteredSlice::register"
         }
     );
     assert_eq!(
@@ -88,19 +88,19 @@ fn zero_length_is_refused_by_every_constructor() {
             HostRegisterFlags::MAPPED
         )),
         Misuse::ZeroLength {
-            op: "cudaHostRegister"
+            op: "RegisteredVec::register"
         }
     );
     assert_eq!(
         misuse(DeviceBuffer::<u8>::from_slice(&[])),
         Misuse::ZeroLength {
-            op: "DeviceBuffer::uninit"
+            op: "DeviceBuffer::from_slice"
         }
     );
     assert_eq!(
         misuse(PinnedBuffer::<u8>::from_slice(&[], HostAllocFlags::DEFAULT)),
         Misuse::ZeroLength {
-            op: "PinnedBuffer::zeroed"
+            op: "PinnedBuffer::from_slice"
         }
     );
 }

@@ -67,10 +67,8 @@ fn mapped_registration_has_a_device_pointer() {
     let code = unsafe { sys::cudaMemset(dp.cast(), 0x11, 4096 * 4) };
     assert_eq!(code, sys::cudaError::cudaSuccess);
     // SAFETY: no arguments.
-    assert_eq!(
-        unsafe { sys::cudaDeviceSynchronize() },
-        sys::cudaError::cudaSuccess
-    );
+    let code = unsafe { sys::cudaDeviceSynchronize() };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
     assert!(reg.as_slice().unwrap().iter().all(|&w| w == 0x1111_1111));
 }
 
