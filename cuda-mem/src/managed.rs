@@ -161,7 +161,25 @@ impl<T: Pod> ManagedBuffer<T> {
     /// ([`Misuse::ManagedExceedsFree`]) a request larger than the device's free memory:
     /// oversubscribed managed memory can stall the whole GPU.
     pub fn zeroed(len: usize, attach: Attach) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, "ManagedBuffer::zeroed")?;
+        let buf = Self::alloc(len, attach, "ManagedBuffer::zeroed")?;
+        // SAFETY: the allocation holds `byte_len` bytes and nothing else uses it yet; writing
+        // from the host touches the pages on the host, where a fresh allocation may be accessed.
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr().cast::<u8>(), 0, buf.byte_len()) };
+        Ok(buf)
+    }
+
+    /// Like [`zeroed`](Self::zeroed) without the zero fill: no page is touched, so none is
+    /// placed on the host before its first use (the fill dominates the cost of allocating).
+    ///
+    /// # Safety
+    /// The memory is uninitialised: write it (from the host, or from the device followed by
+    /// [`record_use`](Self::record_use)) before reading it through [`as_slice`](Self::as_slice).
+    pub unsafe fn uninit(len: usize, attach: Attach) -> Result<Self> {
+        Self::alloc(len, attach, "ManagedBuffer::uninit")
+    }
+
+    fn alloc(len: usize, attach: Attach, op: &'static str) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, op)?;
         if attach == Attach::Single {
             return Err(Misuse::InvalidFlags {
                 op: "cudaMallocManaged (SINGLE is only for cudaStreamAttachMemAsync)",
@@ -197,9 +215,6 @@ impl<T: Pod> ManagedBuffer<T> {
             fence: Fence::default(),
             _owns: PhantomData,
         };
-        // SAFETY: the allocation holds `bytes` bytes and nothing else uses it yet; writing from
-        // the host touches the pages on the host, where a fresh allocation may be accessed.
-        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr().cast::<u8>(), 0, bytes) };
         Ok(buf)
     }
 

@@ -78,6 +78,27 @@ impl<T: Pod> MappedBuffer<T> {
         Self::with_resolver(len, extra, false, device_pointer, "MappedBuffer::zeroed")
     }
 
+    /// Like [`zeroed`](Self::zeroed) without the zero fill, which dominates the cost of small
+    /// allocations.
+    ///
+    /// # Safety
+    /// The memory is uninitialised: write it (from the host, or from the device followed by
+    /// [`record_use`](Self::record_use)) before reading it through
+    /// [`as_slice`](Self::as_slice).
+    pub unsafe fn uninit(len: usize, extra: HostAllocFlags) -> Result<Self> {
+        let host = || {
+            // SAFETY: the caller takes on the initialisation duty.
+            unsafe {
+                PinnedBuffer::<T>::host_alloc(
+                    len,
+                    extra | HostAllocFlags::MAPPED,
+                    "MappedBuffer::uninit",
+                )
+            }
+        };
+        Self::build(len, host, false, device_pointer, "MappedBuffer::uninit")
+    }
+
     /// The allocation path, with the device-pointer lookup as a parameter so tests can make it
     /// fail and check that nothing leaks. `uva` requires the two pointers to be equal.
     fn with_resolver(
@@ -87,10 +108,21 @@ impl<T: Pod> MappedBuffer<T> {
         resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
         op: &'static str,
     ) -> Result<Self> {
+        let host = || PinnedBuffer::<T>::zeroed(len, extra | HostAllocFlags::MAPPED);
+        Self::build(len, host, uva, resolve, op)
+    }
+
+    fn build(
+        len: usize,
+        alloc: impl FnOnce() -> Result<PinnedBuffer<T>>,
+        uva: bool,
+        resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
+        op: &'static str,
+    ) -> Result<Self> {
         size::alloc_bytes::<T>(len, op)?;
         check_device()?;
         // Owned from here on: any `?` below drops `host`, which calls cudaFreeHost.
-        let mut host = PinnedBuffer::<T>::zeroed(len, extra | HostAllocFlags::MAPPED)?;
+        let mut host = alloc()?;
         let hp = host.as_mut_ptr();
         let dp = resolve(hp.cast())?;
         let device_ptr = NonNull::new(dp.cast::<T>()).ok_or(Misuse::NullPointer {

@@ -1,0 +1,440 @@
+//! `cuda-mem bench`: copy bandwidth, kernel bandwidth and allocation latency of every kind of
+//! memory, through the safe API and through raw `cuda-mem-sys` calls.
+//!
+//! Method, as NVIDIA's nvbandwidth: one untimed warm-up, then N timed samples, the median
+//! reported; each sample is timed with CUDA events on the legacy default stream, and for
+//! asynchronous work a spin kernel holds the stream while the sample is queued (released right
+//! after the end event is queued), so that host-side call overhead is not what is timed.
+//! Copies too small to time alone are repeated within a sample. Ours and raw samples are
+//! interleaved so that drift does not bias their ratio. GB = 1e9 bytes. The data of every
+//! path is verified after its timed runs.
+
+mod alloc;
+mod copies;
+mod kernels;
+mod raw;
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+use cuda_mem::kernel::Library;
+use cuda_mem::{alloc_mapped, Device, Event, MappedBuffer, Misuse, Result, Stream};
+
+use crate::args::{BenchArgs, Output};
+use crate::diagnose::require_device;
+use crate::info;
+use crate::report::{self, json, svg, table};
+use crate::results::{BenchResults, KindError, Method};
+use crate::units::{median, KIB, MIB};
+
+/// What to measure, from the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `--quick`.
+    pub quick: bool,
+    /// Timed samples per measurement.
+    pub samples: u32,
+    /// Copy sizes, bytes, ascending.
+    pub sizes: Vec<u64>,
+    /// Bytes per probe kernel.
+    pub kernel_bytes: u64,
+    /// Allocation sizes and the alloc + free cycles timed at each.
+    pub alloc_plan: Vec<(u64, u32)>,
+}
+
+impl Config {
+    /// Defaults: powers of two from 4 KiB to 1 GiB, 15 samples, 256 MiB kernels; `--quick`:
+    /// 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB, 5 samples, 64 MiB kernels.
+    pub fn from_args(a: &BenchArgs) -> Config {
+        let quick = a.quick;
+        let sizes = a.sizes.clone().unwrap_or_else(|| {
+            if quick {
+                vec![4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
+            } else {
+                (12..=30).map(|p| 1u64 << p).collect()
+            }
+        });
+        Config {
+            quick,
+            samples: a.samples.unwrap_or(if quick { 5 } else { 15 }),
+            sizes,
+            kernel_bytes: if quick { 64 * MIB } else { 256 * MIB },
+            alloc_plan: if quick {
+                vec![(4 * KIB, 11), (MIB, 7), (256 * MIB, 3)]
+            } else {
+                vec![(4 * KIB, 51), (MIB, 21), (256 * MIB, 5)]
+            },
+        }
+    }
+}
+
+/// Copies per timed sample: enough that one sample moves at least 16 MiB, at most 16.
+pub fn reps_for(bytes: u64) -> u32 {
+    (16 * MIB / bytes.max(1)).clamp(1, 16) as u32
+}
+
+/// `cm_wait(const volatile u32* flag, u64 timeout_ns)`: spins until `*flag != 0`, or until
+/// `timeout_ns` have passed (`%globaltimer`), so that a host that never releases it cannot
+/// hang the GPU.
+const WAIT_PTX: &CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry cm_wait(.param .u64 cm_wait_flag, .param .u64 cm_wait_timeout)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [cm_wait_flag];
+    ld.param.u64 %rd2, [cm_wait_timeout];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u64 %rd3, %globaltimer;
+WAIT_LOOP:
+    ld.volatile.global.u32 %r1, [%rd1];
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra WAIT_DONE;
+    mov.u64 %rd4, %globaltimer;
+    sub.u64 %rd5, %rd4, %rd3;
+    setp.lt.u64 %p2, %rd5, %rd2;
+    @%p2 bra WAIT_LOOP;
+WAIT_DONE:
+    ret;
+}
+";
+
+/// Holds a stream with the spin kernel until released (nvbandwidth's blocking kernel).
+struct Gate {
+    lib: Library,
+    flag: MappedBuffer<u32>,
+}
+
+/// A held stream; dropping it releases the spin kernel.
+struct Held<'a>(&'a Gate);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.flag().store(1, Ordering::SeqCst);
+    }
+}
+
+impl Gate {
+    fn new() -> Result<Gate> {
+        let flag = alloc_mapped::<u32>(1)?;
+        let lib = Library::load(WAIT_PTX)?;
+        lib.kernel("cm_wait")?;
+        Ok(Gate { lib, flag })
+    }
+
+    fn flag(&self) -> &AtomicU32 {
+        // SAFETY: the pointer is the live, 4-byte aligned pinned allocation of `self.flag`,
+        // which outlives the returned borrow; the host touches it only through this atomic
+        // (never through `as_slice`), the GPU only reads it (volatile loads).
+        unsafe { AtomicU32::from_ptr(self.flag.host_ptr().cast_mut()) }
+    }
+
+    fn hold(&self, stream: &Stream) -> Result<Held<'_>> {
+        // The previous spin kernel has finished (it is recorded on the flag's fence) before
+        // the flag is armed again.
+        self.flag.pinned().synchronize()?;
+        self.flag().store(0, Ordering::SeqCst);
+        let kernel = self.lib.kernel("cm_wait")?;
+        let mut p = self.flag.device_ptr();
+        let mut timeout_ns: u64 = 10_000_000_000;
+        let mut args = [
+            (&mut p as *mut *mut u32).cast(),
+            (&mut timeout_ns as *mut u64).cast(),
+        ];
+        // SAFETY: two arguments of the kernel's types (a device pointer, a u64); the flag is
+        // device-accessible mapped memory that lives as long as `self`, and the launch is
+        // recorded on its fence below, so it is not freed while the kernel runs.
+        unsafe { kernel.launch(1, 1, 0, stream, &mut args)? };
+        let held = Held(self);
+        self.flag.record_use(stream)?;
+        Ok(held)
+    }
+}
+
+/// The device, stream, timing events and spin kernel shared by all measurements.
+pub struct Ctx {
+    /// The device measured.
+    pub device: Device,
+    /// The legacy default stream.
+    pub stream: Stream,
+    start: Event,
+    end: Event,
+    gate: Option<Gate>,
+}
+
+impl Ctx {
+    fn new(device: Device) -> Result<Ctx> {
+        Ok(Ctx {
+            device,
+            stream: Stream::legacy_default(),
+            start: Event::timing()?,
+            end: Event::timing()?,
+            gate: Gate::new().ok(),
+        })
+    }
+
+    /// Times one sample: `op` queued `reps` times between two events, with the stream held
+    /// by the spin kernel meanwhile when `hold` (never for work that blocks the host).
+    /// Returns seconds. Whether it succeeds or fails, all work it queued has completed when
+    /// it returns (unless the context itself is lost), which is what lets the callers pass
+    /// raw pointers of live buffers to that work.
+    pub fn time(&self, reps: u32, hold: bool, op: &mut impl FnMut() -> Result<()>) -> Result<f64> {
+        let r = self.time_inner(reps, hold, op);
+        if r.is_err() {
+            let _ = self.stream.synchronize();
+        }
+        r
+    }
+
+    fn time_inner(
+        &self,
+        reps: u32,
+        hold: bool,
+        op: &mut impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        let held = match (&self.gate, hold) {
+            (Some(g), true) => Some(g.hold(&self.stream)?),
+            _ => None,
+        };
+        self.start.record(&self.stream)?;
+        for _ in 0..reps {
+            op()?;
+        }
+        self.end.record(&self.stream)?;
+        drop(held);
+        self.end.synchronize()?;
+        Ok(f64::from(Event::elapsed_ms(&self.start, &self.end)?) / 1e3)
+    }
+
+    /// One untimed warm-up of `sample`, then the median of `samples` runs of it.
+    pub fn median_of(&self, samples: u32, mut sample: impl FnMut() -> Result<f64>) -> Result<f64> {
+        sample()?;
+        let mut t = Vec::with_capacity(samples as usize);
+        for _ in 0..samples {
+            t.push(sample()?);
+        }
+        Ok(median(&t))
+    }
+
+    /// Ours and raw, one warm-up each, then `samples` interleaved samples of each (see
+    /// [`Paired`]).
+    pub fn pair(
+        &self,
+        samples: u32,
+        reps: u32,
+        hold: bool,
+        ours: &mut impl FnMut() -> Result<()>,
+        raw: &mut impl FnMut() -> Result<()>,
+    ) -> Result<Paired> {
+        self.time(1, hold, ours)?;
+        self.time(1, hold, raw)?;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..samples {
+            a.push(self.time(reps, hold, ours)? / f64::from(reps));
+            b.push(self.time(reps, hold, raw)? / f64::from(reps));
+        }
+        Ok(Paired::new(&a, &b))
+    }
+}
+
+/// Interleaved ours / raw samples, summarised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    /// Median of ours (seconds, or whatever unit the samples are in).
+    pub ours: f64,
+    /// Median of raw.
+    pub raw: f64,
+    /// Median over the pairs of `ours[i] / raw[i]`: each pair ran back to back, so a slow
+    /// stretch of the machine shifts both and cancels out.
+    pub ratio: f64,
+}
+
+impl Paired {
+    /// Summarises `ours[i]`, `raw[i]` taken in turn.
+    pub fn new(ours: &[f64], raw: &[f64]) -> Paired {
+        let ratios: Vec<f64> = ours.iter().zip(raw).map(|(o, r)| o / r).collect();
+        Paired {
+            ours: median(ours),
+            raw: median(raw),
+            ratio: median(&ratios),
+        }
+    }
+}
+
+/// Records a kind that could not be measured and returns `Ok(None)`, unless the error
+/// corrupted the CUDA context, which ends the run.
+pub fn attempt<T>(
+    res: &mut BenchResults,
+    kinds: &[&str],
+    stage: &'static str,
+    r: Result<T>,
+) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_sticky() => Err(e),
+        Err(e) => {
+            let unsupported = matches!(
+                e.misuse(),
+                Some(Misuse::Unsupported { .. } | Misuse::ManagedExceedsFree { .. })
+            );
+            let message = if unsupported {
+                format!("unsupported: {e}")
+            } else {
+                format!("failed: {e}")
+            };
+            progress(&format!("  {} {stage}: {message}", kinds.join("/")));
+            for k in kinds {
+                res.errors.push(KindError {
+                    kind: k.to_string(),
+                    stage,
+                    message: message.clone(),
+                });
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// One line of progress on stderr.
+pub fn progress(line: &str) {
+    report::to_stderr(&format!("cuda-mem bench: {line}\n"));
+}
+
+/// Runs `bench` and writes its outputs; fails when a data check failed.
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    require_device()?;
+    let cfg = Config::from_args(args);
+    let t0 = Instant::now();
+    let device = Device::get(0)?;
+    device.set_current()?;
+    let dev_info = info::device_info(device)?;
+    progress(&format!(
+        "{} ({}), {} sizes from {} to {}, {} samples{}",
+        dev_info.name,
+        dev_info.pci_bus_id,
+        cfg.sizes.len(),
+        crate::units::fmt_size(cfg.sizes[0]),
+        crate::units::fmt_size(cfg.sizes[cfg.sizes.len() - 1]),
+        cfg.samples,
+        if cfg.quick { " (quick)" } else { "" }
+    ));
+    let ctx = Ctx::new(device)?;
+    if ctx.gate.is_none() {
+        progress("no blocking kernel (mapped memory unavailable): host call overhead is timed");
+    }
+    let mut res = BenchResults {
+        version: env!("CARGO_PKG_VERSION").into(),
+        versions: info::versions(),
+        device: dev_info,
+        method: Method {
+            quick: cfg.quick,
+            warmup: 1,
+            samples: cfg.samples,
+            sizes: cfg.sizes.clone(),
+            blocking_kernel: ctx.gate.is_some(),
+            kernel_bytes: cfg.kernel_bytes,
+            managed_bytes: 0,
+        },
+        copies: Vec::new(),
+        kernels: Vec::new(),
+        allocs: Vec::new(),
+        checks: Vec::new(),
+        errors: Vec::new(),
+        seconds: 0.0,
+    };
+    copies::run(&ctx, &cfg, &mut res)?;
+    kernels::run(&ctx, &cfg, &mut res)?;
+    alloc::run(&ctx, &cfg, &mut res)?;
+    res.seconds = t0.elapsed().as_secs_f64();
+    progress(&format!("done in {:.1} s", res.seconds));
+    write_outputs(args, &res)?;
+    if !res.all_verified() {
+        anyhow::bail!(
+            "data verification failed: {}",
+            res.checks
+                .iter()
+                .filter(|c| !c.ok)
+                .map(|c| format!("{} ({})", c.what, c.detail.as_deref().unwrap_or("mismatch")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn write_outputs(args: &BenchArgs, res: &BenchResults) -> anyhow::Result<()> {
+    let text = table::bench_table(res);
+    let json_text = json::bench_json(res).render();
+    let svg_text = svg::copy_plot(res);
+    if let Some(dir) = &args.out_dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+        for (name, body) in [
+            ("bench.txt", &text),
+            ("bench.json", &json_text),
+            ("bench.svg", &svg_text),
+        ] {
+            report::emit(&Output::File(dir.join(name)), body)?;
+        }
+    }
+    if let Some(o) = &args.json {
+        report::emit(o, &json_text)?;
+    }
+    if let Some(o) = &args.svg {
+        report::emit(o, &svg_text)?;
+    }
+    if args.json == Some(Output::Stdout) || args.svg == Some(Output::Stdout) {
+        report::to_stderr(&text);
+        Ok(())
+    } else {
+        report::to_stdout(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::GIB;
+
+    #[test]
+    fn config_defaults() {
+        let full = Config::from_args(&BenchArgs::default());
+        assert_eq!(full.sizes.len(), 19);
+        assert_eq!(full.sizes[0], 4 * KIB);
+        assert_eq!(*full.sizes.last().unwrap(), GIB);
+        assert_eq!(full.samples, 15);
+        let quick = Config::from_args(&BenchArgs {
+            quick: true,
+            samples: Some(3),
+            ..BenchArgs::default()
+        });
+        assert_eq!(quick.samples, 3);
+        assert_eq!(*quick.sizes.last().unwrap(), 64 * MIB);
+        assert!(quick.alloc_plan.iter().any(|&(b, _)| b == 256 * MIB));
+    }
+
+    #[test]
+    fn paired_ratio_cancels_drift() {
+        // The machine slows down 2x for the last three pairs; ours is 1% slower throughout.
+        let raw = [1.0, 1.0, 2.0, 2.0, 2.0];
+        let ours: Vec<f64> = raw.iter().map(|r| r * 1.01).collect();
+        let p = Paired::new(&ours, &raw);
+        assert_eq!(p.raw, 2.0);
+        assert!((p.ratio - 1.01).abs() < 1e-12);
+        assert!((p.ours - 2.02).abs() < 1e-12);
+    }
+
+    #[test]
+    fn reps() {
+        assert_eq!(reps_for(4 * KIB), 16);
+        assert_eq!(reps_for(MIB), 16);
+        assert_eq!(reps_for(4 * MIB), 4);
+        assert_eq!(reps_for(GIB), 1);
+        assert_eq!(reps_for(0), 16);
+    }
+}

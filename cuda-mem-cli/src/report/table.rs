@@ -1,0 +1,348 @@
+//! The text writers: the `info` listing and the `bench` tables (one row per memory kind).
+
+use crate::results::{BenchResults, InfoReport, ALLOC_KINDS, COPY_KINDS, KERNEL_KINDS};
+use crate::units::{fmt_size, GIB, KIB, MIB};
+
+/// Sizes always shown in the copy table when measured (besides the smallest and largest).
+const KEY_SIZES: [u64; 4] = [4 * KIB, MIB, 16 * MIB, 256 * MIB];
+
+/// Left-aligned columns separated by two spaces, trailing spaces trimmed. The last cell of a
+/// short row (an error message) spans the remaining columns and does not widen them.
+fn grid(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter(|r| r.len() == cols || c + 1 < r.len())
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            line.push_str(cell);
+            if c + 1 < r.len() {
+                let pad = widths[c] - cell.chars().count() + 2;
+                line.push_str(&" ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn fmt_gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / GIB as f64)
+}
+
+/// A bandwidth with sensible precision: `4012`, `55.3`, `6.12`.
+pub fn fmt_gbps(x: f64) -> String {
+    if !x.is_finite() {
+        "-".into()
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The text of `info`.
+pub fn info_text(r: &InfoReport) -> String {
+    let v = &r.versions;
+    let mut out = format!(
+        "CUDA runtime {} (built with {}), driver supports CUDA {}\n{} device(s)\n",
+        v.runtime,
+        v.built_with,
+        v.driver,
+        r.devices.len()
+    );
+    for d in &r.devices {
+        let c = &d.caps;
+        out.push_str(&format!("\nDevice {}: {}\n", d.ordinal, d.name));
+        let rows: Vec<Vec<String>> = [
+            (
+                "compute capability",
+                format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
+            ),
+            ("PCI bus id", d.pci_bus_id.clone()),
+            (
+                "memory",
+                format!(
+                    "{} free of {}",
+                    fmt_gib(d.free_bytes),
+                    fmt_gib(d.total_bytes)
+                ),
+            ),
+            ("can map host memory", yes_no(c.can_map_host_memory).into()),
+            ("unified addressing", yes_no(c.unified_addressing).into()),
+            ("managed memory", yes_no(c.managed_memory).into()),
+            (
+                "concurrent managed access",
+                yes_no(c.concurrent_managed_access).into(),
+            ),
+            (
+                "pageable memory access",
+                yes_no(c.pageable_memory_access).into(),
+            ),
+            ("host native atomics", yes_no(c.host_native_atomics).into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| vec![format!("  {k}"), v])
+        .collect();
+        out.push_str(&grid(&rows));
+    }
+    out
+}
+
+/// The copy sizes the table shows: all when few, else the key sizes, the smallest and the
+/// largest.
+fn table_sizes(sizes: &[u64]) -> Vec<u64> {
+    if sizes.len() <= 6 {
+        return sizes.to_vec();
+    }
+    let (min, max) = (sizes[0], sizes[sizes.len() - 1]);
+    sizes
+        .iter()
+        .copied()
+        .filter(|s| *s == min || *s == max || KEY_SIZES.contains(s))
+        .collect()
+}
+
+fn errors_of<'a>(r: &'a BenchResults, kind: &str, stage: &str) -> Option<&'a str> {
+    r.errors
+        .iter()
+        .find(|e| e.kind == kind && e.stage == stage)
+        .map(|e| e.message.as_str())
+}
+
+/// The tables of `bench`.
+pub fn bench_table(r: &BenchResults) -> String {
+    let d = &r.device;
+    let m = &r.method;
+    let mut out = format!(
+        "cuda-mem bench {}: {} (compute {}.{}, PCI {}), CUDA runtime {}, driver {}\n",
+        r.version,
+        d.name,
+        d.compute_capability.0,
+        d.compute_capability.1,
+        d.pci_bus_id,
+        r.versions.runtime,
+        r.versions.driver
+    );
+    out.push_str(&format!(
+        "method: median of {} samples after {} warm-up, CUDA events around each sample{},\n        \
+         GB = 1e9 bytes{}\n",
+        m.samples,
+        m.warmup,
+        if m.blocking_kernel {
+            " (queued behind a blocking kernel)"
+        } else {
+            ""
+        },
+        if m.quick { "; quick run" } else { "" }
+    ));
+
+    // Copies: one row per kind and direction, one column per size.
+    let sizes = table_sizes(&m.sizes);
+    out.push_str("\nCopy bandwidth, GB/s through cuda-mem (ratio to raw cuda-mem-sys)\n");
+    let mut rows = vec![{
+        let mut h = vec!["kind".to_string(), "dir".to_string()];
+        h.extend(sizes.iter().map(|&s| fmt_size(s)));
+        h
+    }];
+    for kind in COPY_KINDS {
+        if let Some(e) = errors_of(r, kind, "copies") {
+            rows.push(vec![kind.into(), "-".into(), e.into()]);
+            continue;
+        }
+        for dir in ["h2d", "d2h", "d2d"] {
+            let cells: Vec<String> = sizes
+                .iter()
+                .map(|&s| {
+                    r.copies
+                        .iter()
+                        .find(|c| c.kind == kind && c.direction == dir && c.bytes == s)
+                        .map_or("-".into(), |c| {
+                            format!("{} ({:.3})", fmt_gbps(c.gbps), c.ratio)
+                        })
+                })
+                .collect();
+            if cells.iter().all(|c| c == "-") {
+                continue;
+            }
+            let mut row = vec![kind.to_string(), dir.to_string()];
+            row.extend(cells);
+            rows.push(row);
+        }
+    }
+    out.push_str(&grid(&rows));
+
+    // Kernels: one row per kind, one column per operation.
+    out.push_str(&format!(
+        "\nKernel bandwidth, GB/s ({} per kernel; managed: {})\n",
+        fmt_size(m.kernel_bytes),
+        fmt_size(m.managed_bytes)
+    ));
+    let ops = ["read", "write", "prefetch"];
+    let mut rows = vec![vec![
+        "kind".to_string(),
+        "read".into(),
+        "write".into(),
+        "prefetch".into(),
+    ]];
+    for kind in KERNEL_KINDS {
+        if let Some(e) = errors_of(r, kind, "kernels") {
+            rows.push(vec![kind.into(), e.into()]);
+            continue;
+        }
+        let mut row = vec![kind.to_string()];
+        row.extend(ops.iter().map(|op| {
+            r.kernels
+                .iter()
+                .find(|k| k.kind == kind && k.op == *op)
+                .map_or("-".into(), |k| fmt_gbps(k.gbps))
+        }));
+        if row[1..].iter().any(|c| c != "-") {
+            rows.push(row);
+        }
+    }
+    out.push_str(&grid(&rows));
+
+    // Allocation: one row per kind, one column per size.
+    let mut alloc_sizes: Vec<u64> = r.allocs.iter().map(|a| a.bytes).collect();
+    alloc_sizes.sort_unstable();
+    alloc_sizes.dedup();
+    out.push_str("\nAllocation + free, µs through cuda-mem (ratio to raw time; >1 is slower)\n");
+    let mut rows = vec![{
+        let mut h = vec!["kind".to_string()];
+        h.extend(alloc_sizes.iter().map(|&s| fmt_size(s)));
+        h.push("note".into());
+        h
+    }];
+    for kind in ALLOC_KINDS {
+        let mut row = vec![kind.to_string()];
+        let mut note = None;
+        for &s in &alloc_sizes {
+            let cell = match r.allocs.iter().find(|a| a.kind == kind && a.bytes == s) {
+                Some(a) => {
+                    note = note.or(a.note);
+                    format!("{:.1} ({:.2})", a.us, a.ratio)
+                }
+                None => "-".into(),
+            };
+            row.push(cell);
+        }
+        if let Some(e) = errors_of(r, kind, "alloc") {
+            note = Some(e);
+        }
+        row.push(note.unwrap_or("").into());
+        if row[1..].iter().any(|c| c != "-" && !c.is_empty()) {
+            rows.push(row);
+        }
+    }
+    out.push_str(&grid(&rows));
+
+    // Checks and errors.
+    let passed = r.checks.iter().filter(|c| c.ok).count();
+    out.push_str(&format!(
+        "\nVerified: {passed}/{} data checks passed{}\n",
+        r.checks.len(),
+        if r.all_verified() { "" } else { " - FAILED" }
+    ));
+    for c in r.checks.iter().filter(|c| !c.ok) {
+        out.push_str(&format!(
+            "  FAILED {}: {}\n",
+            c.what,
+            c.detail.as_deref().unwrap_or("mismatch")
+        ));
+    }
+    if !r.errors.is_empty() {
+        out.push_str("Not measured:\n");
+        for e in &r.errors {
+            out.push_str(&format!("  {} ({}): {}\n", e.kind, e.stage, e.message));
+        }
+    }
+    out.push_str(&format!("Total time: {:.1} s\n", r.seconds));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::sample;
+
+    #[test]
+    fn bench_table_on_sample_data() {
+        let t = bench_table(&sample::results());
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("cuda-mem bench 0.1.0: NVIDIA H200 (compute 9.0"));
+        let header = lines.iter().position(|l| l.starts_with("kind  ")).unwrap();
+        assert_eq!(
+            lines[header],
+            "kind      dir  4KiB          1MiB          64MiB"
+        );
+        assert_eq!(
+            lines[header + 1],
+            "pageable  h2d  6.67 (0.990)  13.3 (0.990)  20.0 (0.990)"
+        );
+        assert!(t.contains("device    d2d  600 (0.990)   1200 (0.990)  1800 (0.990)"));
+        assert!(t.contains("mapped    -    unsupported: device 0 does not support \"mapping\""));
+        assert!(t.contains("device              4000  -      -"));
+        assert!(t.contains("managed_prefetched  -     -      40.0"));
+        assert!(t.contains("pinned  12.5 (1.04)"));
+        assert!(t.contains("Verified: 1/1 data checks passed\n"));
+        assert!(t.contains("  mapped (copies): unsupported"));
+        // No line ends in spaces.
+        assert!(t.lines().all(|l| l == l.trim_end()));
+    }
+
+    #[test]
+    fn failed_checks_are_loud() {
+        let mut r = sample::results();
+        r.checks[0].ok = false;
+        r.checks[0].detail = Some("word 7: 0x1 != 0x2".into());
+        let t = bench_table(&r);
+        assert!(t.contains("0/1 data checks passed - FAILED"));
+        assert!(t.contains("FAILED pinned h2d+d2h copies: word 7: 0x1 != 0x2"));
+    }
+
+    #[test]
+    fn key_sizes_when_many() {
+        let all: Vec<u64> = (12..=30).map(|p| 1u64 << p).collect();
+        assert_eq!(
+            table_sizes(&all),
+            vec![4 * KIB, MIB, 16 * MIB, 256 * MIB, GIB]
+        );
+        assert_eq!(table_sizes(&[16, 32]), vec![16, 32]);
+    }
+
+    #[test]
+    fn info_listing() {
+        let r = sample::results();
+        let t = info_text(&InfoReport {
+            versions: r.versions.clone(),
+            devices: vec![r.device.clone()],
+        });
+        assert!(t.starts_with("CUDA runtime 13.0 (built with 13.0), driver supports CUDA 13.0\n"));
+        assert!(t.contains("Device 0: NVIDIA H200\n"));
+        assert!(t.contains("  compute capability         9.0\n"));
+        assert!(t.contains("  memory                     140.0 GiB free of 141.0 GiB\n"));
+        assert!(t.contains("  concurrent managed access  yes\n"));
+        assert!(t.contains("  host native atomics        no\n"));
+    }
+}

@@ -1,0 +1,304 @@
+//! Plain results, filled by `info` and `bench` and read by the writers in `report`: no CUDA
+//! in here, so the writers can be tested on fixed sample data.
+
+use cuda_mem::MemoryCapabilities;
+
+/// One device, as `info` lists it and `bench` names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    /// The ordinal.
+    pub ordinal: i32,
+    /// E.g. `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// E.g. `0000:18:00.0`.
+    pub pci_bus_id: String,
+    /// Free device memory, bytes.
+    pub free_bytes: u64,
+    /// Total device memory, bytes.
+    pub total_bytes: u64,
+    /// The memory capabilities.
+    pub caps: MemoryCapabilities,
+}
+
+/// Versions, formatted `major.minor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versions {
+    /// The CUDA runtime in use (`cudaRuntimeGetVersion`).
+    pub runtime: String,
+    /// The newest CUDA version the driver supports (`cudaDriverGetVersion`).
+    pub driver: String,
+    /// The toolkit headers this program was built against.
+    pub built_with: String,
+}
+
+/// What `info` found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InfoReport {
+    /// Versions.
+    pub versions: Versions,
+    /// Every device.
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// How `bench` measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Method {
+    /// `--quick`.
+    pub quick: bool,
+    /// Untimed warm-up runs before each measurement.
+    pub warmup: u32,
+    /// Timed samples per measurement (the median is reported).
+    pub samples: u32,
+    /// Copy sizes, bytes.
+    pub sizes: Vec<u64>,
+    /// Whether a spin kernel held the stream while each sample was queued (nvbandwidth's
+    /// method), so that host-side call overhead is not timed.
+    pub blocking_kernel: bool,
+    /// Bytes each kernel reads or writes (device and mapped).
+    pub kernel_bytes: u64,
+    /// Bytes of the managed buffer (at most a quarter of the free device memory).
+    pub managed_bytes: u64,
+}
+
+/// Copy bandwidth of one kind, direction and size, ours and raw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyRow {
+    /// Memory kind: `pageable`, `pinned`, `write_combined`, `mapped`, `registered`, `device`.
+    pub kind: &'static str,
+    /// `h2d`, `d2h` or `d2d`.
+    pub direction: &'static str,
+    /// Bytes per copy.
+    pub bytes: u64,
+    /// Copies per timed sample (small copies are repeated to rise above the event resolution).
+    pub reps: u32,
+    /// Timed samples.
+    pub samples: u32,
+    /// Median GB/s through the cuda-mem API.
+    pub gbps: f64,
+    /// Median GB/s through raw cuda-mem-sys calls.
+    pub raw_gbps: f64,
+    /// Ours / raw bandwidth, the median over the interleaved sample pairs (robust to drift):
+    /// 1.0 is parity, below 1 ours is slower.
+    pub ratio: f64,
+}
+
+/// Bandwidth of one probe kernel over one kind of memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelRow {
+    /// `device`, `mapped` (zero-copy), `managed_fault` (pages on the host, migrated by page
+    /// faults), `managed_prefetched` (prefetched to the device first).
+    pub kind: &'static str,
+    /// `read`, `write`, or `prefetch` (the migration itself, `cudaMemPrefetchAsync`).
+    pub op: &'static str,
+    /// Bytes read or written.
+    pub bytes: u64,
+    /// Timed samples.
+    pub samples: u32,
+    /// Median GB/s.
+    pub gbps: f64,
+}
+
+/// Allocation + free latency of one kind and size, ours and raw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocRow {
+    /// `device`, `pinned`, `write_combined`, `mapped`, `managed`, `registered`.
+    pub kind: &'static str,
+    /// Bytes allocated.
+    pub bytes: u64,
+    /// Timed alloc + free cycles.
+    pub reps: u32,
+    /// Median microseconds through the cuda-mem API.
+    pub us: f64,
+    /// Median microseconds through raw cuda-mem-sys calls.
+    pub raw_us: f64,
+    /// Ours / raw time, the median over the interleaved pairs: 1.0 is parity, above 1 ours is
+    /// slower.
+    pub ratio: f64,
+    /// What ours does beyond the raw calls, if anything.
+    pub note: Option<&'static str>,
+}
+
+/// One data check made after the timed runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// What was checked, e.g. `pinned h2d+d2h copies`.
+    pub what: String,
+    /// Bytes compared.
+    pub bytes: u64,
+    /// Whether every byte matched.
+    pub ok: bool,
+    /// The first mismatch, when not ok.
+    pub detail: Option<String>,
+}
+
+/// A kind that could not be measured, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KindError {
+    /// The memory kind.
+    pub kind: String,
+    /// `copies`, `kernels` or `alloc`.
+    pub stage: &'static str,
+    /// E.g. `unsupported: device 0 does not support cudaDevAttrCanMapHostMemory`.
+    pub message: String,
+}
+
+/// Everything `bench` measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchResults {
+    /// This program's version.
+    pub version: String,
+    /// Versions of CUDA.
+    pub versions: Versions,
+    /// The device measured.
+    pub device: DeviceInfo,
+    /// How.
+    pub method: Method,
+    /// Copy bandwidth.
+    pub copies: Vec<CopyRow>,
+    /// Kernel bandwidth.
+    pub kernels: Vec<KernelRow>,
+    /// Allocation latency.
+    pub allocs: Vec<AllocRow>,
+    /// Data checks.
+    pub checks: Vec<Check>,
+    /// Kinds not measured.
+    pub errors: Vec<KindError>,
+    /// Wall-clock seconds of the whole run.
+    pub seconds: f64,
+}
+
+impl BenchResults {
+    /// Whether every data check passed (and at least one was made).
+    pub fn all_verified(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.ok)
+    }
+}
+
+/// The copy kinds, in report order.
+pub const COPY_KINDS: [&str; 6] = [
+    "pageable",
+    "pinned",
+    "write_combined",
+    "mapped",
+    "registered",
+    "device",
+];
+
+/// The kernel kinds, in report order.
+pub const KERNEL_KINDS: [&str; 4] = ["device", "mapped", "managed_fault", "managed_prefetched"];
+
+/// The allocation kinds, in report order.
+pub const ALLOC_KINDS: [&str; 6] = [
+    "device",
+    "pinned",
+    "write_combined",
+    "mapped",
+    "managed",
+    "registered",
+];
+
+#[cfg(test)]
+pub mod sample {
+    //! Fixed sample data for the writers' tests.
+    use super::*;
+
+    /// A small, complete result set with one error.
+    pub fn results() -> BenchResults {
+        let caps = MemoryCapabilities {
+            can_map_host_memory: true,
+            unified_addressing: true,
+            managed_memory: true,
+            concurrent_managed_access: true,
+            pageable_memory_access: false,
+            host_native_atomics: false,
+        };
+        let mut copies = Vec::new();
+        for (kind, dirs, peak) in [
+            ("pageable", &["h2d", "d2h"][..], 20.0),
+            ("pinned", &["h2d", "d2h"][..], 55.0),
+            ("device", &["d2d"][..], 1800.0),
+        ] {
+            for dir in dirs {
+                for (i, bytes) in [4096u64, 1 << 20, 64 << 20].into_iter().enumerate() {
+                    let gbps = peak * (i as f64 + 1.0) / 3.0;
+                    copies.push(CopyRow {
+                        kind,
+                        direction: dir,
+                        bytes,
+                        reps: if bytes < 1 << 24 { 16 } else { 1 },
+                        samples: 5,
+                        gbps,
+                        raw_gbps: gbps / 0.99,
+                        ratio: 0.99,
+                    });
+                }
+            }
+        }
+        BenchResults {
+            version: "0.1.0".into(),
+            versions: Versions {
+                runtime: "13.0".into(),
+                driver: "13.0".into(),
+                built_with: "13.0".into(),
+            },
+            device: DeviceInfo {
+                ordinal: 0,
+                name: "NVIDIA H200".into(),
+                compute_capability: (9, 0),
+                pci_bus_id: "0000:18:00.0".into(),
+                free_bytes: 140 << 30,
+                total_bytes: 141 << 30,
+                caps,
+            },
+            method: Method {
+                quick: true,
+                warmup: 1,
+                samples: 5,
+                sizes: vec![4096, 1 << 20, 64 << 20],
+                blocking_kernel: true,
+                kernel_bytes: 64 << 20,
+                managed_bytes: 64 << 20,
+            },
+            copies,
+            kernels: vec![
+                KernelRow {
+                    kind: "device",
+                    op: "read",
+                    bytes: 64 << 20,
+                    samples: 5,
+                    gbps: 4000.0,
+                },
+                KernelRow {
+                    kind: "managed_prefetched",
+                    op: "prefetch",
+                    bytes: 64 << 20,
+                    samples: 5,
+                    gbps: 40.0,
+                },
+            ],
+            allocs: vec![AllocRow {
+                kind: "pinned",
+                bytes: 4096,
+                reps: 9,
+                us: 12.5,
+                raw_us: 12.0,
+                ratio: 1.0417,
+                note: None,
+            }],
+            checks: vec![Check {
+                what: "pinned h2d+d2h copies".into(),
+                bytes: 64 << 20,
+                ok: true,
+                detail: None,
+            }],
+            errors: vec![KindError {
+                kind: "mapped".into(),
+                stage: "copies",
+                message: "unsupported: device 0 does not support \"mapping\"".into(),
+            }],
+            seconds: 12.5,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Checks the benchmark bars of `cuda-mem bench` against the C++ reference run in the same call.
+
+usage: compare-refbench.py bench.json membench-before.txt [membench-after.txt ...]
+
+Bars: our copies >= 99% of the raw path's bandwidth at 1 MiB and above, >= 95% at 4 KiB;
+pinned H2D and D2H at 256 MiB >= 97% of ../shared/refbench/membench.cu (the best of the
+reference runs given, before and after ours, so machine drift cannot flatter us).
+Exit status 0 when every bar holds.
+"""
+import json
+import sys
+
+
+def ref_figures(path):
+    out = {}
+    for line in open(path):
+        for part in line.split():
+            if "=" in part:
+                k, v = part.split("=", 1)
+                try:
+                    out[k] = float(v)
+                except ValueError:
+                    pass
+    return out
+
+
+def main():
+    bench = json.load(open(sys.argv[1]))
+    refs = [ref_figures(p) for p in sys.argv[2:]]
+    ok = True
+    print("bar 1: ours / raw (median of paired samples), every copy row")
+    worst = {}
+    for row in bench["copies"]:
+        need = 0.99 if row["bytes"] >= 1 << 20 else 0.95
+        if row["bytes"] < 1 << 20 and row["bytes"] != 4096:
+            need = 0.95
+        good = row["ratio"] >= need
+        key = (row["kind"], row["direction"])
+        if not good:
+            print(f"  MISS {row['kind']:>15} {row['direction']} {row['bytes']:>11} B: "
+                  f"{row['gbps']:.2f} vs raw {row['raw_gbps']:.2f} GB/s, ratio {row['ratio']:.4f} < {need}")
+        worst[key] = min(worst.get(key, 9.0), row["ratio"])
+        ok &= good
+    for (kind, d), r in sorted(worst.items()):
+        print(f"  {kind:>15} {d}: worst ratio {r:.4f}")
+    print("bar 2: pinned 256 MiB against the C++ reference (best of its runs)")
+    for d, key in (("h2d", "h2d_pinned_gbps"), ("d2h", "d2h_pinned_gbps")):
+        ours = [r["gbps"] for r in bench["copies"]
+                if r["kind"] == "pinned" and r["direction"] == d and r["bytes"] == 256 << 20]
+        ref = max(r.get(key, 0.0) for r in refs)
+        if not ours or ref <= 0:
+            print(f"  {d}: missing figures (ours {ours}, reference {ref})")
+            ok = False
+            continue
+        ratio = ours[0] / ref
+        good = ratio >= 0.97
+        ok &= good
+        print(f"  {d}: ours {ours[0]:.2f} GB/s, reference {ref:.2f} GB/s, "
+              f"ratio {ratio:.4f} {'ok' if good else 'MISS (< 0.97)'}")
+    print("all bars met" if ok else "SOME BARS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
