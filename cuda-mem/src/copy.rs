@@ -298,34 +298,6 @@ where
     Ok(())
 }
 
-/// Implements the sealed traits for a buffer type with fields `ptr: NonNull<T>`, `len`,
-/// `fence`, given its side.
-macro_rules! impl_memory {
-    ($ty:ident, $side:expr) => {
-        impl<T: bytemuck::Pod> $crate::copy::sealed::Raw<T> for $ty<T> {
-            fn raw_ptr(&self) -> *const T {
-                self.ptr.as_ptr()
-            }
-            fn raw_len(&self) -> usize {
-                self.len
-            }
-            fn side(&self) -> $crate::copy::Side {
-                $side
-            }
-            fn fence(&self) -> Option<&$crate::fence::Fence> {
-                Some(&self.fence)
-            }
-        }
-        impl<T: bytemuck::Pod> $crate::copy::sealed::RawMut<T> for $ty<T> {
-            fn raw_mut_ptr(&mut self) -> *mut T {
-                self.ptr.as_ptr()
-            }
-        }
-        impl<T: bytemuck::Pod> $crate::copy::AsyncMemory<T> for $ty<T> {}
-    };
-}
-pub(crate) use impl_memory;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,8 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{self, impl_memory, Memory, MemoryMut};
+use crate::buffer::impl_buffer;
+use crate::copy::{self, Memory, MemoryMut};
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::Fence;
@@ -43,7 +44,7 @@ unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
 // thread-safe runtime calls; the fence is behind a mutex.
 unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
 
-impl_memory!(DeviceBuffer, copy::Side::Device);
+impl_buffer!(DeviceBuffer, copy::Side::Device);
 
 impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` elements on the current device, contents unspecified (`cudaMalloc`).
@@ -134,33 +135,6 @@ impl<T: Pod> DeviceBuffer<T> {
         self.fence.record(stream)
     }
 
-    /// Records that work the caller queued on `stream` (e.g. a kernel given
-    /// [`as_mut_ptr`](Self::as_mut_ptr)) uses this buffer: drop and copies then wait for it.
-    pub fn record_use(&self, stream: &Stream) -> Result<()> {
-        self.fence.before(stream)?;
-        self.fence.record(stream)
-    }
-
-    /// Waits for all pending work recorded on this buffer.
-    pub fn synchronize(&self) -> Result<()> {
-        self.fence.wait()
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
     /// The device ordinal the memory lives on.
     pub fn device(&self) -> i32 {
         self.device
@@ -218,21 +192,6 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok((me.ptr.as_ptr(), me.len))
     }
 
-    /// Frees the memory now and reports failure (drop ignores it). On failure the buffer comes
-    /// back with the error.
-    pub fn free(self) -> Result<(), (Self, Error)> {
-        match self.release() {
-            Ok(()) => {
-                let mut me = std::mem::ManuallyDrop::new(self);
-                // SAFETY: `me` is never used again and the memory is freed; only the fence (an
-                // event) is left to drop.
-                unsafe { std::ptr::drop_in_place(&mut me.fence) };
-                Ok(())
-            }
-            Err(e) => Err((self, e)),
-        }
-    }
-
     fn release(&self) -> Result<()> {
         self.fence.wait()?;
         let _guard = if self.device != current_ordinal() {
@@ -245,13 +204,5 @@ impl<T: Pod> DeviceBuffer<T> {
         check(unsafe { sys::cudaFree(p.cast()) }, || {
             format!("cudaFree({p:p})")
         })
-    }
-}
-
-impl<T: Pod> Drop for DeviceBuffer<T> {
-    fn drop(&mut self) {
-        // Errors are ignored: cudaErrorCudartUnloading at exit, or a sticky context error after
-        // which the memory is gone with the context anyway. Drop never panics.
-        let _ = self.release();
     }
 }

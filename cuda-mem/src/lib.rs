@@ -24,12 +24,14 @@
 //! [`bytemuck::Pod`], valid for every bit pattern the GPU may write.
 #![warn(missing_docs)]
 
+mod buffer;
 mod copy;
 mod device;
 mod devices;
 mod error;
 mod event;
 mod fence;
+mod flags;
 pub mod kernel;
 mod managed;
 mod mapped;

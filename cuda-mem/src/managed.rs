@@ -11,9 +11,10 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{impl_memory, Side};
+use crate::buffer::impl_buffer;
+use crate::copy::Side;
 use crate::devices::Device;
-use crate::error::{check, Error, Misuse, Result};
+use crate::error::{check, Misuse, Result};
 use crate::fence::Fence;
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
@@ -152,7 +153,7 @@ unsafe impl<T: Pod + Send> Send for ManagedBuffer<T> {}
 // SAFETY: shared access gives `&[T]` only after the fence wait; the fence is mutex-protected.
 unsafe impl<T: Pod + Sync> Sync for ManagedBuffer<T> {}
 
-impl_memory!(ManagedBuffer, Side::Unified);
+impl_buffer!(ManagedBuffer, Side::Unified);
 
 impl<T: Pod> ManagedBuffer<T> {
     /// Allocates `len` zeroed elements with `cudaMallocManaged(attach)` on the current device.
@@ -356,33 +357,6 @@ impl<T: Pod> ManagedBuffer<T> {
         )? != 0)
     }
 
-    /// Records that work queued on `stream` (e.g. a kernel given [`as_mut_ptr`](Self::as_mut_ptr))
-    /// uses the buffer: host access and drop wait for it.
-    pub fn record_use(&self, stream: &Stream) -> Result<()> {
-        self.fence.before(stream)?;
-        self.fence.record(stream)
-    }
-
-    /// Waits for all pending work recorded on this buffer.
-    pub fn synchronize(&self) -> Result<()> {
-        self.fence.wait()
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
     /// The device that was current at allocation.
     pub fn device(&self) -> i32 {
         self.device
@@ -398,20 +372,6 @@ impl<T: Pod> ManagedBuffer<T> {
         self.ptr.as_ptr()
     }
 
-    /// Frees now and reports failure; on failure the buffer comes back.
-    pub fn free(self) -> Result<(), (Self, Error)> {
-        match self.release() {
-            Ok(()) => {
-                let mut me = std::mem::ManuallyDrop::new(self);
-                // SAFETY: `me` is never used again and the memory is freed; only the fence (an
-                // event) is left to drop.
-                unsafe { std::ptr::drop_in_place(&mut me.fence) };
-                Ok(())
-            }
-            Err(e) => Err((self, e)),
-        }
-    }
-
     fn release(&self) -> Result<()> {
         self.fence.wait()?;
         let p = self.ptr.as_ptr();
@@ -419,13 +379,6 @@ impl<T: Pod> ManagedBuffer<T> {
         check(unsafe { sys::cudaFree(p.cast()) }, || {
             format!("cudaFree({p:p})")
         })
-    }
-}
-
-impl<T: Pod> Drop for ManagedBuffer<T> {
-    fn drop(&mut self) {
-        // Errors ignored (exit-time unloading, sticky errors): drop never panics.
-        let _ = self.release();
     }
 }
 

@@ -8,95 +8,32 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::BitOr;
 use std::ptr::NonNull;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{impl_memory, Side};
-use crate::error::{check, Error, Misuse, Result};
+use crate::buffer::impl_buffer;
+use crate::copy::Side;
+use crate::error::{check, Misuse, Result};
 use crate::fence::Fence;
+use crate::flags::flag_set;
 use crate::size::{self, fmt_bytes};
-use crate::stream::Stream;
 
-/// Flags of `cudaHostAlloc`, OR-able with `|`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct HostAllocFlags(u32);
-
-impl HostAllocFlags {
-    /// `cudaHostAllocDefault`: plain pinned memory.
-    pub const DEFAULT: Self = Self(sys::cudaHostAllocDefault);
-    /// `cudaHostAllocPortable`: pinned for every CUDA context, not only the current one.
-    pub const PORTABLE: Self = Self(sys::cudaHostAllocPortable);
-    /// `cudaHostAllocMapped`: mapped into the device address space (zero-copy); see
-    /// [`MappedBuffer`](crate::MappedBuffer).
-    pub const MAPPED: Self = Self(sys::cudaHostAllocMapped);
-    /// `cudaHostAllocWriteCombined`: write-combined memory. Faster to copy to the device on
-    /// some systems, but **very slow for the CPU to read** (uncached): write it, never read it.
-    pub const WRITE_COMBINED: Self = Self(sys::cudaHostAllocWriteCombined);
-
-    const ALL: u32 =
-        sys::cudaHostAllocPortable | sys::cudaHostAllocMapped | sys::cudaHostAllocWriteCombined;
-
-    /// The raw bits.
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Flags from raw bits; `None` if a bit is not one of the four flags.
-    pub fn from_bits(bits: u32) -> Option<Self> {
-        (bits & !Self::ALL == 0).then_some(Self(bits))
-    }
-
-    /// Whether every flag of `other` is set.
-    pub fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for HostAllocFlags {
-    type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
-    }
-}
-
-impl fmt::Debug for HostAllocFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl fmt::Display for HostAllocFlags {
-    /// `DEFAULT`, or the set flags joined by `|`, e.g. `PORTABLE|MAPPED`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 == 0 {
-            return f.write_str("DEFAULT");
-        }
-        let names = [
-            (Self::PORTABLE, "PORTABLE"),
-            (Self::MAPPED, "MAPPED"),
-            (Self::WRITE_COMBINED, "WRITE_COMBINED"),
-        ];
-        let mut first = true;
-        for (flag, name) in names {
-            if self.contains(flag) {
-                if !first {
-                    f.write_str("|")?;
-                }
-                f.write_str(name)?;
-                first = false;
-            }
-        }
-        let unknown = self.0 & !Self::ALL;
-        if unknown != 0 {
-            if !first {
-                f.write_str("|")?;
-            }
-            write!(f, "{unknown:#x}")?;
-        }
-        Ok(())
+flag_set! {
+    /// Flags of `cudaHostAlloc`, OR-able with `|`.
+    HostAllocFlags {
+        /// `cudaHostAllocDefault`: plain pinned memory.
+        DEFAULT = sys::cudaHostAllocDefault;
+        /// `cudaHostAllocPortable`: pinned for every CUDA context, not only the current one.
+        PORTABLE = sys::cudaHostAllocPortable;
+        /// `cudaHostAllocMapped`: mapped into the device address space (zero-copy); see
+        /// [`MappedBuffer`](crate::MappedBuffer).
+        MAPPED = sys::cudaHostAllocMapped;
+        /// `cudaHostAllocWriteCombined`: write-combined memory. Faster to copy to the device
+        /// on some systems, but **very slow for the CPU to read** (uncached): write it, never
+        /// read it.
+        WRITE_COMBINED = sys::cudaHostAllocWriteCombined;
     }
 }
 
@@ -132,7 +69,7 @@ unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
 // read-only copies, so sharing it shares `&T`, sound when `T: Sync`.
 unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
 
-impl_memory!(PinnedBuffer, Side::Host);
+impl_buffer!(PinnedBuffer, Side::Host);
 
 impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -291,33 +228,6 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
-    /// Records that work the caller queued on `stream` (e.g. a kernel given the buffer's
-    /// device pointer) uses this buffer: host access and drop then wait for it.
-    pub fn record_use(&self, stream: &Stream) -> Result<()> {
-        self.fence.before(stream)?;
-        self.fence.record(stream)
-    }
-
-    /// Waits for all pending work recorded on this buffer.
-    pub fn synchronize(&self) -> Result<()> {
-        self.fence.wait()
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
     /// The host address.
     pub fn as_ptr(&self) -> *const T {
         self.ptr.as_ptr()
@@ -329,20 +239,6 @@ impl<T: Pod> PinnedBuffer<T> {
         self.ptr.as_ptr()
     }
 
-    /// Frees now (`cudaFreeHost`) and reports failure; on failure the buffer comes back.
-    pub fn free(self) -> Result<(), (Self, Error)> {
-        match self.release() {
-            Ok(()) => {
-                let mut me = std::mem::ManuallyDrop::new(self);
-                // SAFETY: `me` is never used again and the memory is freed; only the fence (an
-                // event) is left to drop.
-                unsafe { std::ptr::drop_in_place(&mut me.fence) };
-                Ok(())
-            }
-            Err(e) => Err((self, e)),
-        }
-    }
-
     fn release(&self) -> Result<()> {
         self.fence.wait()?;
         let p = self.ptr.as_ptr();
@@ -350,13 +246,6 @@ impl<T: Pod> PinnedBuffer<T> {
         check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
             format!("cudaFreeHost({p:p})")
         })
-    }
-}
-
-impl<T: Pod> Drop for PinnedBuffer<T> {
-    fn drop(&mut self) {
-        // Errors are ignored (cudaErrorCudartUnloading at exit, sticky errors): never panic.
-        let _ = self.release();
     }
 }
 

@@ -5,7 +5,6 @@
 //! pinned buffer; it still costs milliseconds per hundred MiB, so register long-lived buffers.
 
 use std::fmt;
-use std::ops::BitOr;
 use std::ptr::NonNull;
 
 use bytemuck::Pod;
@@ -14,66 +13,21 @@ use cuda_mem_sys as sys;
 use crate::copy::{sealed, AsyncMemory, Side};
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::Fence;
+use crate::flags::flag_set;
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
 
-/// Flags of `cudaHostRegister`, OR-able with `|`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct HostRegisterFlags(u32);
-
-impl HostRegisterFlags {
-    /// `cudaHostRegisterDefault`.
-    pub const DEFAULT: Self = Self(sys::cudaHostRegisterDefault);
-    /// `cudaHostRegisterPortable`: pinned for every CUDA context.
-    pub const PORTABLE: Self = Self(sys::cudaHostRegisterPortable);
-    /// `cudaHostRegisterMapped`: mapped into the device address space.
-    pub const MAPPED: Self = Self(sys::cudaHostRegisterMapped);
-    /// `cudaHostRegisterReadOnly`: the device only reads the memory.
-    pub const READ_ONLY: Self = Self(sys::cudaHostRegisterReadOnly);
-
-    const ALL: u32 =
-        sys::cudaHostRegisterPortable | sys::cudaHostRegisterMapped | sys::cudaHostRegisterReadOnly;
-
-    /// The raw bits.
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// Flags from raw bits; `None` if a bit is not one of these flags.
-    pub fn from_bits(bits: u32) -> Option<Self> {
-        (bits & !Self::ALL == 0).then_some(Self(bits))
-    }
-
-    /// Whether every flag of `other` is set.
-    pub fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for HostRegisterFlags {
-    type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
-    }
-}
-
-impl fmt::Debug for HostRegisterFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut names = Vec::new();
-        for (flag, name) in [
-            (Self::PORTABLE, "PORTABLE"),
-            (Self::MAPPED, "MAPPED"),
-            (Self::READ_ONLY, "READ_ONLY"),
-        ] {
-            if self.contains(flag) {
-                names.push(name);
-            }
-        }
-        if names.is_empty() {
-            f.write_str("DEFAULT")
-        } else {
-            f.write_str(&names.join("|"))
-        }
+flag_set! {
+    /// Flags of `cudaHostRegister`, OR-able with `|`.
+    HostRegisterFlags {
+        /// `cudaHostRegisterDefault`.
+        DEFAULT = sys::cudaHostRegisterDefault;
+        /// `cudaHostRegisterPortable`: pinned for every CUDA context.
+        PORTABLE = sys::cudaHostRegisterPortable;
+        /// `cudaHostRegisterMapped`: mapped into the device address space.
+        MAPPED = sys::cudaHostRegisterMapped;
+        /// `cudaHostRegisterReadOnly`: the device only reads the memory.
+        READ_ONLY = sys::cudaHostRegisterReadOnly;
     }
 }
 
