@@ -99,3 +99,29 @@ fn one_tib_is_out_of_memory_and_the_next_allocation_works() {
     let ok = DeviceBuffer::from_slice(&[7u32; 1024]).unwrap();
     assert_eq!(ok.to_vec().unwrap(), vec![7u32; 1024]);
 }
+
+#[test]
+fn host_out_of_memory_is_exact_and_the_process_goes_on() {
+    gpu_or_skip!();
+    // 1 PiB of pinned memory: far above any host's memory.
+    let len = 1usize << 50;
+    let e =
+        cuda_mem::PinnedBuffer::<u8>::zeroed(len, cuda_mem::HostAllocFlags::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "cudaHostAlloc({len} bytes, DEFAULT) failed: cudaErrorMemoryAllocation: out of memory"
+        )
+    );
+    let e = cuda_mem::PinnedBuffer::<u8>::malloc_host(len).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    // SAFETY: no arguments.
+    let code = unsafe { sys::cudaGetLastError() };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    let mut ok =
+        cuda_mem::PinnedBuffer::<u8>::zeroed(1 << 20, cuda_mem::HostAllocFlags::DEFAULT).unwrap();
+    ok.as_mut_slice().unwrap().fill(3);
+    let dev = DeviceBuffer::from_slice(ok.as_slice().unwrap()).unwrap();
+    assert_eq!(dev.to_vec().unwrap(), vec![3u8; 1 << 20]);
+}
