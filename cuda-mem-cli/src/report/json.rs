@@ -20,8 +20,8 @@
 //! ```
 //!
 //! Copy `ratio` is ours / raw bandwidth (1.0 = parity), alloc `ratio` ours / raw time; both
-//! are the median over interleaved sample pairs, which drift cannot bias, so they may differ
-//! slightly from `gbps / raw_gbps` (each the median of its own path).
+//! are the interquartile mean over interleaved sample pairs, which drift cannot bias, so they
+//! may differ slightly from `gbps / raw_gbps` (each the median of its own path).
 
 use crate::results::{BenchResults, DeviceInfo, InfoReport};
 
@@ -324,6 +324,10 @@ pub fn bench_json(r: &BenchResults) -> Json {
                 ("warmup", m.warmup.into()),
                 ("samples", m.samples.into()),
                 ("statistic", "median".into()),
+                (
+                    "ratio_statistic",
+                    "interquartile mean of paired ours/raw ratios".into(),
+                ),
                 ("timer", "cuda_events".into()),
                 ("gb_bytes", 1e9.into()),
                 ("stream", "legacy_default".into()),

@@ -145,8 +145,9 @@ pub fn bench_table(r: &BenchResults) -> String {
         r.versions.driver
     );
     out.push_str(&format!(
-        "method: median of {} samples after {} warm-up, CUDA events around each sample{},\n        \
-         GB = 1e9 bytes{}\n",
+        "method: median of {} samples after {} warm-up (pageable, full run: 3x), CUDA events \
+         around each sample{},\n        GB = 1e9 bytes; ratio = interquartile mean of paired \
+         ours/raw samples{}\n",
         m.samples,
         m.warmup,
         if m.blocking_kernel {
