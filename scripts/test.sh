@@ -21,6 +21,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo doc --workspace --no-deps
 cargo test --workspace
 
+if ! cargo +nightly miri --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+  echo "== installing Miri (rustup component add miri --toolchain nightly)"
+  timeout 600 rustup component add miri rust-src --toolchain nightly >/dev/null 2>&1 || true
+fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
   echo "== Miri (code that needs no GPU)"
   # The unit tests that make no runtime call: size arithmetic, flags, error formatting, copy
