@@ -89,47 +89,33 @@ impl<T, M: sealed::RawMut<T> + ?Sized> MemoryMut<T> for M {}
 /// access or free. Ordinary slices are not: use a pinned or registered buffer.
 pub trait AsyncMemory<T>: Memory<T> {}
 
-impl<T: Pod> sealed::Raw<T> for [T] {
-    fn raw_ptr(&self) -> *const T {
-        self.as_ptr()
-    }
-    fn raw_len(&self) -> usize {
-        self.len()
-    }
-    fn side(&self) -> Side {
-        Side::Host
-    }
-    fn fence(&self) -> Option<&Fence> {
-        None
-    }
-}
+/// Ordinary (pageable) host memory: slices and `Vec`s, which have no fence and so take part in
+/// synchronous copies only.
+macro_rules! pageable_memory {
+    ($($ty:ty),+) => {$(
+        impl<T: Pod> sealed::Raw<T> for $ty {
+            fn raw_ptr(&self) -> *const T {
+                self.as_ptr()
+            }
+            fn raw_len(&self) -> usize {
+                self.len()
+            }
+            fn side(&self) -> Side {
+                Side::Host
+            }
+            fn fence(&self) -> Option<&Fence> {
+                None
+            }
+        }
 
-impl<T: Pod> sealed::RawMut<T> for [T] {
-    fn raw_mut_ptr(&mut self) -> *mut T {
-        self.as_mut_ptr()
-    }
+        impl<T: Pod> sealed::RawMut<T> for $ty {
+            fn raw_mut_ptr(&mut self) -> *mut T {
+                self.as_mut_ptr()
+            }
+        }
+    )+};
 }
-
-impl<T: Pod> sealed::Raw<T> for Vec<T> {
-    fn raw_ptr(&self) -> *const T {
-        self.as_ptr()
-    }
-    fn raw_len(&self) -> usize {
-        self.len()
-    }
-    fn side(&self) -> Side {
-        Side::Host
-    }
-    fn fence(&self) -> Option<&Fence> {
-        None
-    }
-}
-
-impl<T: Pod> sealed::RawMut<T> for Vec<T> {
-    fn raw_mut_ptr(&mut self) -> *mut T {
-        self.as_mut_ptr()
-    }
-}
+pageable_memory!([T], Vec<T>);
 
 fn wait_both<T, D, S>(dst: &D, src: &S) -> Result<()>
 where
