@@ -3,9 +3,10 @@
 /// For a buffer type `$ty<T>` with fields `ptr: NonNull<T>`, `len: usize`, `fence: Fence` and
 /// a method `fn release(&self) -> Result<()>` that waits for the fence and frees the memory,
 /// generates: the sealed copy traits (on side `$side`), `len`, `is_empty`, `byte_len`,
-/// `record_use`, `synchronize`, the fallible `free`, and a `Drop` that never panics.
+/// `as_ptr` (documented by `$addr`), `as_mut_ptr`, `record_use`, `synchronize`, the fallible
+/// `free`, and a `Drop` that never panics.
 macro_rules! impl_buffer {
-    ($ty:ident, $side:expr) => {
+    ($ty:ident, $side:expr, $addr:literal) => {
         impl<T: bytemuck::Pod> $crate::copy::sealed::Raw<T> for $ty<T> {
             fn raw_ptr(&self) -> *const T {
                 self.ptr.as_ptr()
@@ -43,6 +44,17 @@ macro_rules! impl_buffer {
             /// Size in bytes.
             pub fn byte_len(&self) -> usize {
                 self.len * std::mem::size_of::<T>()
+            }
+
+            #[doc = $addr]
+            pub fn as_ptr(&self) -> *const T {
+                self.ptr.as_ptr()
+            }
+
+            /// The same address, writable. Writing through it while GPU work on the buffer is
+            /// pending is the caller's responsibility.
+            pub fn as_mut_ptr(&mut self) -> *mut T {
+                self.ptr.as_ptr()
             }
 
             /// Records that work the caller queued on `stream` (e.g. a kernel given this

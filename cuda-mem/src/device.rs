@@ -44,7 +44,11 @@ unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
 // thread-safe runtime calls; the fence is behind a mutex.
 unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
 
-impl_buffer!(DeviceBuffer, copy::Side::Device);
+impl_buffer!(
+    DeviceBuffer,
+    copy::Side::Device,
+    "The device address, for kernels and calls this crate does not wrap."
+);
 
 impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` elements on the current device, contents unspecified (`cudaMalloc`).
@@ -138,16 +142,6 @@ impl<T: Pod> DeviceBuffer<T> {
     /// The device ordinal the memory lives on.
     pub fn device(&self) -> i32 {
         self.device
-    }
-
-    /// The device address, for kernels and calls this crate does not wrap.
-    pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
-    }
-
-    /// The device address, writable.
-    pub fn as_mut_ptr(&mut self) -> *mut T {
-        self.ptr.as_ptr()
     }
 
     /// Takes ownership of device memory allocated with `cudaMalloc` elsewhere (C or C++ code).

@@ -71,11 +71,6 @@ impl Fence {
         Ok(())
     }
 
-    /// Whether work is recorded and not yet seen complete (no runtime call).
-    pub fn is_armed(&self) -> bool {
-        self.lock().as_ref().is_some_and(|p| p.armed)
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
         // A panic while holding the lock cannot leave the Option inconsistent: recover it.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())

@@ -153,7 +153,11 @@ unsafe impl<T: Pod + Send> Send for ManagedBuffer<T> {}
 // SAFETY: shared access gives `&[T]` only after the fence wait; the fence is mutex-protected.
 unsafe impl<T: Pod + Sync> Sync for ManagedBuffer<T> {}
 
-impl_buffer!(ManagedBuffer, Side::Unified);
+impl_buffer!(
+    ManagedBuffer,
+    Side::Unified,
+    "The address, valid on host and device."
+);
 
 impl<T: Pod> ManagedBuffer<T> {
     /// Allocates `len` zeroed elements with `cudaMallocManaged(attach)` on the current device.
@@ -360,16 +364,6 @@ impl<T: Pod> ManagedBuffer<T> {
     /// The device that was current at allocation.
     pub fn device(&self) -> i32 {
         self.device
-    }
-
-    /// The address, valid on host and device.
-    pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
-    }
-
-    /// The address, writable.
-    pub fn as_mut_ptr(&mut self) -> *mut T {
-        self.ptr.as_ptr()
     }
 
     fn release(&self) -> Result<()> {

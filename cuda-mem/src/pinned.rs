@@ -69,7 +69,7 @@ unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
 // read-only copies, so sharing it shares `&T`, sound when `T: Sync`.
 unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
 
-impl_buffer!(PinnedBuffer, Side::Host);
+impl_buffer!(PinnedBuffer, Side::Host, "The host address.");
 
 impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -226,17 +226,6 @@ impl<T: Pod> PinnedBuffer<T> {
         // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique, and no GPU work that
         // uses the buffer can be queued through safe code while it lives.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
-    }
-
-    /// The host address.
-    pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
-    }
-
-    /// The host address, writable. Writing through it while GPU work is pending is the
-    /// caller's responsibility.
-    pub fn as_mut_ptr(&mut self) -> *mut T {
-        self.ptr.as_ptr()
     }
 
     fn release(&self) -> Result<()> {

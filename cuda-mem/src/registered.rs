@@ -159,46 +159,6 @@ impl<'a, T: Pod> RegisteredSlice<'a, T> {
         })
     }
 
-    /// The flags of the registration.
-    pub fn flags(&self) -> HostRegisterFlags {
-        self.reg.flags
-    }
-
-    /// The device address of MAPPED registrations (`cudaHostGetDevicePointer`).
-    pub fn device_ptr(&self) -> Result<*mut T> {
-        self.reg.device_ptr()
-    }
-
-    /// The contents.
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.reg.as_slice()
-    }
-
-    /// The contents, writable.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.reg.as_mut_slice()
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.reg.len
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.reg.len * std::mem::size_of::<T>()
-    }
-
-    /// The host address.
-    pub fn as_ptr(&self) -> *const T {
-        self.reg.ptr.as_ptr()
-    }
-
-    /// Always false: registrations hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.reg.len == 0
-    }
-
     /// Unregisters now and reports failure; on failure the registration comes back.
     pub fn unregister(self) -> Result<(), (Self, Error)> {
         match self.reg.release() {
@@ -252,60 +212,64 @@ impl<T: Pod> RegisteredVec<T> {
         }
     }
 
-    /// The flags of the registration.
-    pub fn flags(&self) -> HostRegisterFlags {
-        self.reg.flags
-    }
-
-    /// The device address of MAPPED registrations (`cudaHostGetDevicePointer`).
-    pub fn device_ptr(&self) -> Result<*mut T> {
-        self.reg.device_ptr()
-    }
-
-    /// The contents, after waiting for recorded GPU work.
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.reg.as_slice()
-    }
-
-    /// The contents, writable, after waiting for recorded GPU work.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.reg.as_mut_slice()
-    }
-
     /// Records that work queued on `stream` uses the memory: host access and drop wait for it.
     pub fn record_use(&self, stream: &Stream) -> Result<()> {
         self.reg.fence.before(stream)?;
         self.reg.fence.record(stream)
     }
 
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.vec.len()
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.reg.len * std::mem::size_of::<T>()
-    }
-
-    /// The host address.
-    pub fn as_ptr(&self) -> *const T {
-        self.reg.ptr.as_ptr()
-    }
-
     /// Waits for all pending work recorded on this buffer.
     pub fn synchronize(&self) -> Result<()> {
         self.reg.fence.wait()
     }
-
-    /// Always false: registrations hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.vec.is_empty()
-    }
 }
 
+/// For the two registered kinds: the sealed copy traits and the accessors that delegate to
+/// their [`Registration`].
 macro_rules! impl_registered_memory {
     ($ty:ty, $($gen:tt)*) => {
+        impl<$($gen)*> $ty {
+            /// The flags of the registration.
+            pub fn flags(&self) -> HostRegisterFlags {
+                self.reg.flags
+            }
+
+            /// The device address of MAPPED registrations (`cudaHostGetDevicePointer`).
+            pub fn device_ptr(&self) -> Result<*mut T> {
+                self.reg.device_ptr()
+            }
+
+            /// The contents, after waiting for recorded GPU work.
+            pub fn as_slice(&self) -> Result<&[T]> {
+                self.reg.as_slice()
+            }
+
+            /// The contents, writable, after waiting for recorded GPU work.
+            pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+                self.reg.as_mut_slice()
+            }
+
+            /// The host address.
+            pub fn as_ptr(&self) -> *const T {
+                self.reg.ptr.as_ptr()
+            }
+
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.reg.len
+            }
+
+            /// Always false: registrations hold at least one element.
+            pub fn is_empty(&self) -> bool {
+                self.reg.len == 0
+            }
+
+            /// Size in bytes.
+            pub fn byte_len(&self) -> usize {
+                self.reg.len * std::mem::size_of::<T>()
+            }
+        }
+
         impl<$($gen)*> sealed::Raw<T> for $ty {
             fn raw_ptr(&self) -> *const T {
                 self.reg.ptr.as_ptr()
