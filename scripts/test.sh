@@ -30,7 +30,7 @@ if cargo +nightly miri --version >/dev/null 2>&1; then
   # The unit tests that make no runtime call: size arithmetic, flags, error formatting, copy
   # planning. (Miri cannot call into cudart.)
   cargo +nightly miri test -p cuda-mem --lib -- \
-    size:: error::tests copy::tests managed::tests pinned::tests
+    size:: error::tests copy::tests managed::tests pinned::tests kernel::tests
 else
   echo "SKIP Miri: the nightly toolchain with the miri component is not installed" \
        "(rustup toolchain install nightly --component miri)"

@@ -313,3 +313,31 @@ impl Probes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    #[test]
+    fn probes_take_whole_words_only() {
+        assert_eq!(whole_words(16).unwrap(), 1);
+        assert_eq!(whole_words(1 << 20).unwrap(), 65_536);
+        assert_eq!(
+            whole_words(20).unwrap_err(),
+            Error::Misuse(Misuse::OutOfBounds {
+                offset: 16,
+                len: 4,
+                buffer_len: 16
+            })
+        );
+        assert_eq!(
+            whole_words(0).unwrap_err(),
+            Error::Misuse(Misuse::OutOfBounds {
+                offset: 0,
+                len: 0,
+                buffer_len: 0
+            })
+        );
+    }
+}
