@@ -59,6 +59,17 @@ impl<T: Pod> DeviceBuffer<T> {
         Self::malloc(len, "DeviceBuffer::uninit")
     }
 
+    /// Owns `ptr`, an allocation of `len` elements on the current device.
+    fn adopt(ptr: NonNull<T>, len: usize) -> Self {
+        DeviceBuffer {
+            ptr,
+            len,
+            device: current_ordinal(),
+            fence: Fence::default(),
+            _owns: PhantomData,
+        }
+    }
+
     /// `cudaMalloc`, with `op` naming the public constructor in misuse errors.
     fn malloc(len: usize, op: &'static str) -> Result<Self> {
         let bytes = size::alloc_bytes::<T>(len, op)?;
@@ -67,13 +78,7 @@ impl<T: Pod> DeviceBuffer<T> {
         let code = unsafe { sys::cudaMalloc(&mut raw, bytes) };
         check(code, || format!("cudaMalloc({})", fmt_bytes(bytes)))?;
         let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer { op: "cudaMalloc" })?;
-        Ok(DeviceBuffer {
-            ptr,
-            len,
-            device: current_ordinal(),
-            fence: Fence::default(),
-            _owns: PhantomData,
-        })
+        Ok(Self::adopt(ptr, len))
     }
 
     /// Allocates `len` elements on `device` (made current for the call only).
@@ -164,13 +169,7 @@ impl<T: Pod> DeviceBuffer<T> {
             }
             .into());
         }
-        Ok(DeviceBuffer {
-            ptr,
-            len,
-            device: current_ordinal(),
-            fence: Fence::default(),
-            _owns: PhantomData,
-        })
+        Ok(Self::adopt(ptr, len))
     }
 
     /// Gives up ownership: the caller must free the pointer with `cudaFree`. Pending work

@@ -39,43 +39,40 @@ struct Kit<'a> {
 }
 
 impl Kit<'_> {
-    /// Median GB/s of `cm_read` over `bytes` at device address `p`, `before` run untimed
-    /// ahead of each sample.
-    fn read(
+    /// Median GB/s of one `launch` over `bytes`, `before` run untimed ahead of each sample.
+    fn timed(
         &self,
-        p: *mut c_void,
         bytes: u64,
         mut before: impl FnMut() -> Result<()>,
+        mut launch: impl FnMut() -> Result<()>,
     ) -> Result<f64> {
         let t = self.ctx.median_of(self.samples, || {
             before()?;
-            // SAFETY: `p` is device-accessible, 16-byte aligned memory of at least `bytes`
-            // bytes and `sink` a device `u64`, both alive for the whole sample, which waits
-            // for the kernel (`Ctx::time`).
-            self.ctx.time(1, true, &mut || unsafe {
-                self.probes
-                    .read(p, bytes as usize, self.sink, &self.ctx.stream)
-            })
+            self.ctx.time(1, true, &mut launch)
         })?;
         Ok(gbps(bytes, t))
     }
 
+    /// Median GB/s of `cm_read` over `bytes` at device address `p`.
+    fn read(&self, p: *mut c_void, bytes: u64, before: impl FnMut() -> Result<()>) -> Result<f64> {
+        self.timed(bytes, before, || {
+            // SAFETY: `p` is device-accessible, 16-byte aligned memory of at least `bytes`
+            // bytes and `sink` a device `u64`, both alive for the whole sample, which waits
+            // for the kernel (`Ctx::time`).
+            unsafe {
+                self.probes
+                    .read(p, bytes as usize, self.sink, &self.ctx.stream)
+            }
+        })
+    }
+
     /// Median GB/s of `cm_write` over `bytes` at device address `p`.
-    fn write(
-        &self,
-        p: *mut c_void,
-        bytes: u64,
-        mut before: impl FnMut() -> Result<()>,
-    ) -> Result<f64> {
-        let t = self.ctx.median_of(self.samples, || {
-            before()?;
+    fn write(&self, p: *mut c_void, bytes: u64, before: impl FnMut() -> Result<()>) -> Result<f64> {
+        self.timed(bytes, before, || {
             // SAFETY: as in `read`; nothing on the host reads or writes the memory while the
             // sample runs.
-            self.ctx.time(1, true, &mut || unsafe {
-                self.probes.write(p, bytes as usize, &self.ctx.stream)
-            })
-        })?;
-        Ok(gbps(bytes, t))
+            unsafe { self.probes.write(p, bytes as usize, &self.ctx.stream) }
+        })
     }
 }
 
