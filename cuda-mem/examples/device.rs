@@ -18,8 +18,8 @@
 mod common;
 
 use anyhow::ensure;
-use cuda_mem::kernel::Probes;
 use cuda_mem::{copy, copy_range, pointer_info, DeviceBuffer, Misuse, PointerKind, Stream};
+use cuda_mem_probes::Probes;
 
 /// Elements per buffer: 4 MiB of `u32`.
 const N: usize = 1 << 20;

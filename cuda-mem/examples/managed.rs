@@ -19,10 +19,10 @@
 mod common;
 
 use anyhow::ensure;
-use cuda_mem::kernel::Probes;
 use cuda_mem::{
     copy, pointer_info, Advice, Attach, DeviceBuffer, Location, ManagedBuffer, PointerKind, Stream,
 };
+use cuda_mem_probes::Probes;
 
 /// Elements per buffer: 4 MiB of `u32`.
 const N: usize = 1 << 20;

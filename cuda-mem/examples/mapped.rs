@@ -20,11 +20,11 @@
 mod common;
 
 use anyhow::ensure;
-use cuda_mem::kernel::Probes;
 use cuda_mem::{
     alloc_mapped, alloc_mapped_uva, pointer_info, DeviceBuffer, HostAllocFlags, MappedBuffer,
     PointerKind, Stream,
 };
+use cuda_mem_probes::Probes;
 
 /// Elements per buffer: 1 MiB of `u32`.
 const N: usize = 1 << 18;

@@ -19,11 +19,11 @@
 mod common;
 
 use anyhow::ensure;
-use cuda_mem::kernel::Probes;
 use cuda_mem::{
     copy, copy_async, pointer_info, DeviceBuffer, HostRegisterFlags, PointerKind, RegisteredSlice,
     RegisteredVec, Stream,
 };
+use cuda_mem_probes::Probes;
 
 /// Elements per buffer: 4 MiB of `u32`.
 const N: usize = 1 << 20;

@@ -226,6 +226,13 @@ pub enum Misuse {
         /// Bytes free on the device (`cudaMemGetInfo`).
         free: usize,
     },
+    /// An argument the operation cannot take, with the reason.
+    InvalidArgument {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong with the argument.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Misuse {
@@ -269,6 +276,7 @@ impl fmt::Display for Misuse {
                 f,
                 "managed allocation of {bytes} bytes refused: only {free} bytes free on the device"
             ),
+            Misuse::InvalidArgument { op, reason } => write!(f, "{op}: {reason}"),
         }
     }
 }

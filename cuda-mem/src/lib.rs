@@ -32,7 +32,6 @@ mod error;
 mod event;
 mod fence;
 mod flags;
-pub mod kernel;
 mod managed;
 mod mapped;
 mod pinned;

@@ -1,13 +1,13 @@
 //! Kernel read and write bandwidth through device, zero-copy mapped and managed pointers, with
-//! the embedded PTX probes of `cuda_mem::kernel::Probes` (no nvcc at build time). Managed
+//! the embedded PTX probes of `cuda_mem_probes::Probes` (no nvcc at build time). Managed
 //! memory is measured on first touch (the pages live on the host, so the kernel migrates
 //! them by page faults), then prefetched to the device (the prefetch itself is timed too),
 //! then resident.
 
 use std::os::raw::c_void;
 
-use cuda_mem::kernel::Probes;
 use cuda_mem::{alloc_mapped, Attach, DeviceBuffer, Location, ManagedBuffer, Misuse, Result};
+use cuda_mem_probes::Probes;
 
 use super::{attempt, progress, Config, Ctx};
 use crate::results::{BenchResults, Check, KernelRow};

@@ -14,12 +14,11 @@ mod copies;
 mod kernels;
 mod raw;
 
-use std::ffi::CStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use cuda_mem::kernel::Library;
 use cuda_mem::{alloc_mapped, Device, Event, MappedBuffer, Misuse, Result, Stream};
+use cuda_mem_probes::Probes;
 
 use crate::args::{BenchArgs, Output};
 use crate::diagnose::require_device;
@@ -77,39 +76,9 @@ pub fn reps_for(bytes: u64) -> u32 {
     (512 * MIB / bytes.max(1)).clamp(1, 256) as u32
 }
 
-/// `cm_wait(const volatile u32* flag, u64 timeout_ns)`: spins until `*flag != 0`, or until
-/// `timeout_ns` have passed (`%globaltimer`), so that a host that never releases it cannot
-/// hang the GPU.
-const WAIT_PTX: &CStr = c"
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry cm_wait(.param .u64 cm_wait_flag, .param .u64 cm_wait_timeout)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<6>;
-    ld.param.u64 %rd1, [cm_wait_flag];
-    ld.param.u64 %rd2, [cm_wait_timeout];
-    cvta.to.global.u64 %rd1, %rd1;
-    mov.u64 %rd3, %globaltimer;
-WAIT_LOOP:
-    ld.volatile.global.u32 %r1, [%rd1];
-    setp.ne.u32 %p1, %r1, 0;
-    @%p1 bra WAIT_DONE;
-    mov.u64 %rd4, %globaltimer;
-    sub.u64 %rd5, %rd4, %rd3;
-    setp.lt.u64 %p2, %rd5, %rd2;
-    @%p2 bra WAIT_LOOP;
-WAIT_DONE:
-    ret;
-}
-";
-
 /// Holds a stream with the spin kernel until released (nvbandwidth's blocking kernel).
 struct Gate {
-    lib: Library,
+    probes: Probes,
     flag: MappedBuffer<u32>,
 }
 
@@ -125,9 +94,8 @@ impl Drop for Held<'_> {
 impl Gate {
     fn new() -> Result<Gate> {
         let flag = alloc_mapped::<u32>(1)?;
-        let lib = Library::load(WAIT_PTX)?;
-        lib.kernel("cm_wait")?;
-        Ok(Gate { lib, flag })
+        let probes = Probes::load()?;
+        Ok(Gate { probes, flag })
     }
 
     fn flag(&self) -> &AtomicU32 {
@@ -142,17 +110,13 @@ impl Gate {
         // the flag is armed again.
         self.flag.pinned().synchronize()?;
         self.flag().store(0, Ordering::SeqCst);
-        let kernel = self.lib.kernel("cm_wait")?;
-        let mut p = self.flag.device_ptr();
-        let mut timeout_ns: u64 = 10_000_000_000;
-        let mut args = [
-            (&mut p as *mut *mut u32).cast(),
-            (&mut timeout_ns as *mut u64).cast(),
-        ];
-        // SAFETY: two arguments of the kernel's types (a device pointer, a u64); the flag is
-        // device-accessible mapped memory that lives as long as `self`, and the launch is
-        // recorded on its fence below, so it is not freed while the kernel runs.
-        unsafe { kernel.launch(1, 1, 0, stream, &mut args)? };
+        // SAFETY: the flag is device-accessible mapped memory that lives as long as `self`,
+        // and the launch is recorded on its fence below, so it is not freed while the kernel
+        // runs.
+        unsafe {
+            self.probes
+                .wait(self.flag.device_ptr(), 10_000_000_000, stream)?
+        };
         let held = Held(self);
         self.flag.record_use(stream)?;
         Ok(held)

@@ -42,7 +42,7 @@ pub fn device_or_skip(example: &str) -> anyhow::Result<Option<Device>> {
     Ok(None)
 }
 
-/// The value `kernel::Probes::write` (`cm_write`) leaves in `u32` element `i`: it writes
+/// The value `cuda_mem_probes::Probes::write` (`cm_write`) leaves in `u32` element `i`: it writes
 /// 16-byte word `w` as `(w, w, w, w)`, so element `i` holds `i / 4`.
 #[allow(dead_code)] // not every example launches a kernel
 pub fn cm_write_value(i: usize) -> u32 {

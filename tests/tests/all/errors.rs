@@ -1,9 +1,10 @@
 //! Error conversion: raw codes, names, messages, helpers, and the no-driver path.
 
 use cuda_mem::{
-    alloc_mapped, alloc_mapped_uva, kernel::Probes, Attach, Device, DeviceBuffer, Error, ErrorCode,
-    Event, HostAllocFlags, HostRegisterFlags, ManagedBuffer, PinnedBuffer, RegisteredSlice, Stream,
+    alloc_mapped, alloc_mapped_uva, Attach, Device, DeviceBuffer, Error, ErrorCode, Event,
+    HostAllocFlags, HostRegisterFlags, ManagedBuffer, PinnedBuffer, RegisteredSlice, Stream,
 };
+use cuda_mem_probes::Probes;
 use cuda_mem_tests::has_gpu;
 
 #[test]

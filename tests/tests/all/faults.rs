@@ -5,9 +5,8 @@
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use cuda_mem::{
-    kernel::Probes, DeviceBuffer, ErrorCode, HostAllocFlags, ManagedBuffer, PinnedBuffer, Stream,
-};
+use cuda_mem::{DeviceBuffer, ErrorCode, HostAllocFlags, ManagedBuffer, PinnedBuffer, Stream};
+use cuda_mem_probes::Probes;
 use cuda_mem_tests::{gpu_or_skip, run_child};
 
 const FAULT_CHILD: &str = "CUDA_MEM_FAULT_CHILD";

@@ -2,9 +2,9 @@
 //! attribute, advice, stream attach, and the free-memory guard.
 
 use cuda_mem::{
-    kernel::Probes, pointer_info, Advice, Attach, Error, Location, ManagedBuffer, Misuse,
-    PointerKind, Stream,
+    pointer_info, Advice, Attach, Error, Location, ManagedBuffer, Misuse, PointerKind, Stream,
 };
+use cuda_mem_probes::Probes;
 use cuda_mem_tests::gpu_or_skip;
 
 #[test]

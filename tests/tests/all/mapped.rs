@@ -2,9 +2,10 @@
 //! host, and no leak on any error path.
 
 use cuda_mem::{
-    __alloc_mapped_uva_with, alloc_mapped, alloc_mapped_uva, kernel::Probes, pointer_info, sys,
-    Error, ErrorCode, HostAllocFlags, MappedBuffer, Misuse, PointerKind, Stream,
+    __alloc_mapped_uva_with, alloc_mapped, alloc_mapped_uva, pointer_info, sys, Error, ErrorCode,
+    HostAllocFlags, MappedBuffer, Misuse, PointerKind, Stream,
 };
+use cuda_mem_probes::Probes;
 use cuda_mem_tests::gpu_or_skip;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

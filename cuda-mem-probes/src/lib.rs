@@ -1,26 +1,38 @@
-//! Kernels from PTX, loaded through the runtime (`cudaLibraryLoadData`), so that tests and
-//! benchmarks need no `nvcc` at build time; plus the few small kernels they use.
+//! The harness that the cuda-mem tests, examples and benchmark share: a few small kernels,
+//! embedded as PTX and loaded at run time, so that nothing needs `nvcc` at build time.
+//!
+//! Not published and not part of `cuda-mem`'s API: [`Probes::fault`] corrupts the CUDA
+//! context on purpose, and the kernels exist to test and measure memory, not to be reused.
 
 use std::ffi::{CStr, CString};
 use std::os::raw::c_void;
 
-use cuda_mem_sys as sys;
+use cuda_mem::{sys, Device, Error, ErrorCode, Misuse, Result, Stream};
 
-use crate::error::{check, Misuse, Result};
+/// Turns a runtime return code into a `Result`, clearing the thread's last error on failure.
+fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
+    if code == sys::cudaError::cudaSuccess {
+        return Ok(());
+    }
+    // SAFETY: takes no arguments; only reads and resets thread state.
+    unsafe { sys::cudaGetLastError() };
+    Err(Error::Cuda {
+        code: ErrorCode(code.0),
+        call: call(),
+    })
+}
 
-/// The probes work on whole 16-byte words: anything else is misuse, not silently truncated.
-fn whole_words(bytes: usize) -> Result<u64> {
+/// The probes work on whole 16-byte words: anything else is refused, not silently truncated.
+fn whole_words(op: &'static str, bytes: usize) -> Result<u64> {
     if bytes == 0 || bytes % 16 != 0 {
-        return Err(Misuse::OutOfBounds {
-            offset: bytes - bytes % 16,
-            len: bytes % 16,
-            buffer_len: bytes - bytes % 16,
+        return Err(Misuse::InvalidArgument {
+            op,
+            reason: format!("{bytes} bytes is not a non-zero multiple of 16"),
         }
         .into());
     }
     Ok((bytes / 16) as u64)
 }
-use crate::stream::Stream;
 
 /// A loaded module (`cudaLibrary_t`), unloaded on drop.
 #[derive(Debug)]
@@ -41,8 +53,8 @@ pub struct Kernel<'lib> {
 }
 
 impl Library {
-    /// Loads PTX (or a cubin/fatbin) image; the driver compiles PTX for the current device.
-    pub fn load(image: &CStr) -> Result<Self> {
+    /// Loads a PTX image (NUL-terminated text); the driver compiles it for the current device.
+    pub fn load_ptx(image: &CStr) -> Result<Self> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `image` is a NUL-terminated image; no JIT or library options are passed.
         let code = unsafe {
@@ -65,8 +77,9 @@ impl Library {
 
     /// The kernel named `name` (its `.entry` name).
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
-        let cname = CString::new(name).map_err(|_| Misuse::NullPointer {
-            op: "Library::kernel (name contains NUL)",
+        let cname = CString::new(name).map_err(|_| Misuse::InvalidArgument {
+            op: "Library::kernel",
+            reason: format!("kernel name {name:?} contains a NUL byte"),
         })?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer, live library, NUL-terminated name.
@@ -89,8 +102,7 @@ impl Kernel<'_> {
     /// # Safety
     /// `args` must hold one pointer per kernel parameter, each to a value of that parameter's
     /// type and size, and every memory address passed must be valid for what the kernel does
-    /// with it until the work completes. Record the launch on the buffers it touches
-    /// (`record_use`) so that host access and drop wait for it.
+    /// with it until the work completes (take it from a cuda-mem access guard on `stream`).
     pub unsafe fn launch(
         &self,
         grid: u32,
@@ -134,7 +146,11 @@ impl Kernel<'_> {
 ///   away;
 /// - `cm_write(uint4* p, u64 n)`: writes word `i` as `(i, i, i, i)` (32-bit `i`);
 /// - `cm_fault(u32* p)`: stores through `p`; give it an invalid address to raise
-///   `cudaErrorIllegalAddress` (a sticky error).
+///   `cudaErrorIllegalAddress` (a sticky error);
+/// - `cm_wait(const volatile u32* flag, u64 timeout_ns)`: spins until `*flag != 0`, or until
+///   `timeout_ns` have passed (`%globaltimer`), so that a host that never releases it cannot
+///   hang the GPU;
+/// - `cm_spin(u64 ns)`: spins for `ns` nanoseconds: a slow kernel that holds a stream.
 pub const PROBE_PTX: &CStr = c"
 .version 7.0
 .target sm_70
@@ -223,23 +239,83 @@ WRITE_DONE:
     st.global.u32 [%rd1], %r1;
     ret;
 }
+
+.visible .entry cm_wait(.param .u64 cm_wait_flag, .param .u64 cm_wait_timeout)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [cm_wait_flag];
+    ld.param.u64 %rd2, [cm_wait_timeout];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u64 %rd3, %globaltimer;
+WAIT_LOOP:
+    ld.volatile.global.u32 %r1, [%rd1];
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra WAIT_DONE;
+    mov.u64 %rd4, %globaltimer;
+    sub.u64 %rd5, %rd4, %rd3;
+    setp.lt.u64 %p2, %rd5, %rd2;
+    @%p2 bra WAIT_LOOP;
+WAIT_DONE:
+    ret;
+}
+
+.visible .entry cm_spin(.param .u64 cm_spin_ns)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [cm_spin_ns];
+    mov.u64 %rd2, %globaltimer;
+SPIN_LOOP:
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra SPIN_LOOP;
+    ret;
+}
 ";
 
-/// The [`PROBE_PTX`] kernels, loaded.
+/// The [`PROBE_PTX`] kernels, loaded once and looked up once.
 #[derive(Debug)]
 pub struct Probes {
+    // Field order: the kernel handles are dropped before the library that owns them.
+    read: sys::cudaKernel_t,
+    write: sys::cudaKernel_t,
+    fault: sys::cudaKernel_t,
+    wait: sys::cudaKernel_t,
+    spin: sys::cudaKernel_t,
     lib: Library,
     sms: u32,
 }
 
+// SAFETY: kernel handles are plain runtime handles, valid on any thread while `lib` lives.
+unsafe impl Send for Probes {}
+// SAFETY: only `&self` methods that pass the handles to thread-safe runtime calls.
+unsafe impl Sync for Probes {}
+
 impl Probes {
     /// Loads [`PROBE_PTX`] for the current device.
     pub fn load() -> Result<Self> {
-        let sms = crate::Device::current()?.multiprocessor_count()?.max(1) as u32;
+        let sms = Device::current()?.multiprocessor_count()?.max(1) as u32;
+        let lib = Library::load_ptx(PROBE_PTX)?;
+        let k = |name| lib.kernel(name).map(|k| k.raw);
         Ok(Probes {
-            lib: Library::load(PROBE_PTX)?,
+            read: k("cm_read")?,
+            write: k("cm_write")?,
+            fault: k("cm_fault")?,
+            wait: k("cm_wait")?,
+            spin: k("cm_spin")?,
             sms,
+            lib,
         })
+    }
+
+    fn kernel(&self, raw: sys::cudaKernel_t) -> Kernel<'_> {
+        Kernel {
+            raw,
+            _lib: &self.lib,
+        }
     }
 
     /// Grid size that fills the device: 8 blocks of 512 threads per multiprocessor.
@@ -248,7 +324,7 @@ impl Probes {
     }
 
     /// Queues `cm_read` over `bytes` bytes at device address `p`. `bytes` must be a non-zero
-    /// multiple of 16 ([`Misuse::OutOfBounds`] otherwise: the tail that does not fit).
+    /// multiple of 16 ([`Misuse::InvalidArgument`] otherwise).
     ///
     /// # Safety
     /// `p` must be device-accessible memory of at least `bytes` bytes, 16-byte aligned, alive
@@ -261,7 +337,7 @@ impl Probes {
         stream: &Stream,
     ) -> Result<()> {
         let mut p = p;
-        let mut n = whole_words(bytes)?;
+        let mut n = whole_words("Probes::read", bytes)?;
         let mut sink = sink;
         let mut args = [
             (&mut p as *mut *const c_void).cast(),
@@ -270,8 +346,7 @@ impl Probes {
         ];
         // SAFETY: three arguments of the kernel's types; the caller vouches for the memory.
         unsafe {
-            self.lib
-                .kernel("cm_read")?
+            self.kernel(self.read)
                 .launch(self.grid(), 512, 0, stream, &mut args)
         }
     }
@@ -284,15 +359,14 @@ impl Probes {
     /// bytes, alive and not read by the host until the kernel completes.
     pub unsafe fn write(&self, p: *mut c_void, bytes: usize, stream: &Stream) -> Result<()> {
         let mut p = p;
-        let mut n = whole_words(bytes)?;
+        let mut n = whole_words("Probes::write", bytes)?;
         let mut args = [
             (&mut p as *mut *mut c_void).cast(),
             (&mut n as *mut u64).cast(),
         ];
         // SAFETY: two arguments of the kernel's types; the caller vouches for the memory.
         unsafe {
-            self.lib
-                .kernel("cm_write")?
+            self.kernel(self.write)
                 .launch(self.grid(), 512, 0, stream, &mut args)
         }
     }
@@ -306,38 +380,53 @@ impl Probes {
         let mut p = p;
         let mut args = [(&mut p as *mut *mut u32).cast()];
         // SAFETY: one argument of the kernel's type; the caller accepts the consequences.
-        unsafe {
-            self.lib
-                .kernel("cm_fault")?
-                .launch(1, 1, 0, stream, &mut args)
-        }
+        unsafe { self.kernel(self.fault).launch(1, 1, 0, stream, &mut args) }
+    }
+
+    /// Queues `cm_wait`: one thread spins until the `u32` at `flag` is non-zero, or
+    /// `timeout_ns` have passed.
+    ///
+    /// # Safety
+    /// `flag` must be device-accessible memory (mapped host memory, for a host to release it)
+    /// that stays alive until the kernel completes.
+    pub unsafe fn wait(&self, flag: *const u32, timeout_ns: u64, stream: &Stream) -> Result<()> {
+        let mut flag = flag;
+        let mut timeout_ns = timeout_ns;
+        let mut args = [
+            (&mut flag as *mut *const u32).cast(),
+            (&mut timeout_ns as *mut u64).cast(),
+        ];
+        // SAFETY: two arguments of the kernel's types; the caller vouches for the memory.
+        unsafe { self.kernel(self.wait).launch(1, 1, 0, stream, &mut args) }
+    }
+
+    /// Queues `cm_spin`: one thread that holds `stream` for `ns` nanoseconds and touches no
+    /// memory.
+    pub fn spin(&self, ns: u64, stream: &Stream) -> Result<()> {
+        let mut ns = ns;
+        let mut args = [(&mut ns as *mut u64).cast()];
+        // SAFETY: one argument of the kernel's type (u64); the kernel touches no memory.
+        unsafe { self.kernel(self.spin).launch(1, 1, 0, stream, &mut args) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
 
     #[test]
     fn probes_take_whole_words_only() {
-        assert_eq!(whole_words(16).unwrap(), 1);
-        assert_eq!(whole_words(1 << 20).unwrap(), 65_536);
-        assert_eq!(
-            whole_words(20).unwrap_err(),
-            Error::Misuse(Misuse::OutOfBounds {
-                offset: 16,
-                len: 4,
-                buffer_len: 16
-            })
-        );
-        assert_eq!(
-            whole_words(0).unwrap_err(),
-            Error::Misuse(Misuse::OutOfBounds {
-                offset: 0,
-                len: 0,
-                buffer_len: 0
-            })
-        );
+        assert_eq!(whole_words("t", 16).unwrap(), 1);
+        assert_eq!(whole_words("t", 1 << 20).unwrap(), 65_536);
+        for bad in [0usize, 20] {
+            let e = whole_words("t", bad).unwrap_err();
+            assert_eq!(
+                e,
+                Error::Misuse(Misuse::InvalidArgument {
+                    op: "t",
+                    reason: format!("{bad} bytes is not a non-zero multiple of 16"),
+                })
+            );
+        }
     }
 }
