@@ -18,6 +18,7 @@
 mod common;
 
 use anyhow::ensure;
+use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{copy, copy_range, pointer_info, DeviceBuffer, Misuse, PointerKind, Stream};
 use cuda_mem_probes::Probes;
 
@@ -85,12 +86,16 @@ fn main() -> anyhow::Result<()> {
     // A kernel writes the device buffer; the host reads it back after the stream's work.
     let probes = Probes::load()?;
     let stream = Stream::new()?;
-    let (p, bytes) = (d_b.as_mut_ptr(), d_b.byte_len());
-    // SAFETY: `p` is `d_b`'s device allocation of `bytes` bytes (a multiple of 16, and
-    // cudaMalloc aligns to 256 bytes). `record_use` below makes every later host access,
-    // copy and the free of `d_b` wait for the kernel.
-    unsafe { probes.write(p.cast(), bytes, &stream)? };
-    d_b.record_use(&stream)?;
+    let bytes = d_b.byte_len();
+    {
+        // Orders `stream` after pending work on `d_b`, and hands out its address for work
+        // queued on `stream` while the guard lives; the guard records the kernel on drop.
+        let out = d_b.device_ptr_mut(&stream)?;
+        // SAFETY: `out` is `d_b`'s device allocation of `bytes` bytes (a multiple of 16, and
+        // cudaMalloc aligns to 256 bytes), used by a kernel on the guard's stream while the
+        // guard lives. Every later host access, copy and the free of `d_b` wait for it.
+        unsafe { probes.write(out.as_mut_ptr().cast(), bytes, &stream)? };
+    }
     let written = d_b.to_vec()?; // waits for the kernel, then cudaMemcpyDeviceToHost
     common::check_cm_write("kernel output", &written)?;
     println!("kernel cm_write over {bytes} bytes of device memory: values checked on the host");
@@ -130,8 +135,8 @@ fn main() -> anyhow::Result<()> {
     }
 
     // cudaFree, reporting failure (dropping a buffer frees it too, ignoring errors).
-    d_a.free().map_err(|(_, e)| e)?;
-    d_b.free().map_err(|(_, e)| e)?;
+    d_a.free()?;
+    d_b.free()?;
     println!("cudaFree: both device buffers freed");
     println!("cuda-mem example device: OK");
     Ok(())

@@ -19,6 +19,7 @@
 mod common;
 
 use anyhow::ensure;
+use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{
     copy, pointer_info, Advice, Attach, DeviceBuffer, Location, ManagedBuffer, PointerKind, Stream,
 };
@@ -77,12 +78,14 @@ fn main() -> anyhow::Result<()> {
     }
 
     // A kernel writes through the same pointer.
-    let (p, bytes) = (m.as_mut_ptr(), m.byte_len());
-    // SAFETY: `p` is `m`'s managed allocation of `bytes` bytes (a multiple of 16, and
-    // cudaMallocManaged aligns to 256 bytes); `record_use` makes host access and the free of
-    // `m` wait for the kernel.
-    unsafe { probes.write(p.cast(), bytes, &stream)? };
-    m.record_use(&stream)?;
+    let bytes = m.byte_len();
+    {
+        let out = m.device_ptr_mut(&stream)?;
+        // SAFETY: `out` is `m`'s managed allocation of `bytes` bytes (a multiple of 16, and
+        // cudaMallocManaged aligns to 256 bytes), used on the guard's stream while it lives;
+        // the guard makes host access and the free of `m` wait for the kernel.
+        unsafe { probes.write(out.as_mut_ptr().cast(), bytes, &stream)? };
+    }
     if prefetch {
         m.prefetch(Location::Host, &stream)?; // cudaMemPrefetchAsync(cudaCpuDeviceId)
         ensure!(
@@ -126,16 +129,19 @@ fn main() -> anyhow::Result<()> {
     // memory belongs to one stream, so the CPU may use it while other streams run kernels.
     let mut single = ManagedBuffer::<u32>::zeroed(N, Attach::Host)?;
     single.attach(&stream, Attach::Single)?;
-    let (p, bytes) = (single.as_mut_ptr(), single.byte_len());
-    // SAFETY: as above, for `single`'s allocation, attached to `stream` where the kernel runs.
-    unsafe { probes.write(p.cast(), bytes, &stream)? };
-    single.record_use(&stream)?;
+    let bytes = single.byte_len();
+    {
+        let out = single.device_ptr_mut(&stream)?;
+        // SAFETY: as above, for `single`'s allocation, attached to `stream` where the kernel
+        // runs.
+        unsafe { probes.write(out.as_mut_ptr().cast(), bytes, &stream)? };
+    }
     common::check_cm_write("stream-attached managed memory", single.as_slice()?)?;
     println!("cudaStreamAttachMemAsync(Single): kernel output on the attached stream checked");
 
     // cudaFree, reporting failure (drop frees too).
-    m.free().map_err(|(_, e)| e)?;
-    single.free().map_err(|(_, e)| e)?;
+    m.free()?;
+    single.free()?;
     println!("cuda-mem example managed: OK");
     Ok(())
 }

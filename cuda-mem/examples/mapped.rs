@@ -24,6 +24,7 @@ use cuda_mem::{
     alloc_mapped, alloc_mapped_uva, pointer_info, DeviceBuffer, HostAllocFlags, MappedBuffer,
     PointerKind, Stream,
 };
+use cuda_mem::{DevicePtr as _, DevicePtrMut as _};
 use cuda_mem_probes::Probes;
 
 /// Elements per buffer: 1 MiB of `u32`.
@@ -46,14 +47,16 @@ fn main() -> anyhow::Result<()> {
 
     // Shape 1: cudaAllocMapped(&cpu, &gpu, size).
     let mut buf = alloc_mapped::<u32>(N)?;
-    let (cpu, gpu) = (buf.host_ptr(), buf.device_ptr());
+    let (cpu, gpu) = (buf.host_ptr(), buf.device_address());
     println!("alloc_mapped: cpu pointer {cpu:p}, gpu pointer {gpu:p}");
     buf.as_mut_slice()?.fill(u32::MAX); // the CPU writes
-                                        // SAFETY: `gpu` is the device address of `buf`'s N * 4 bytes (a multiple of 16, and
-                                        // cudaHostAlloc returns page-aligned memory); `record_use` makes host access and the
-                                        // free of `buf` wait for the kernel.
-    unsafe { probes.write(gpu.cast(), N * 4, &stream)? };
-    buf.record_use(&stream)?;
+    {
+        let out = buf.device_ptr_mut(&stream)?; // the gpu pointer, for work on `stream`
+                                                // SAFETY: `out` is the device address of `buf`'s N * 4 bytes (a multiple of 16, and
+                                                // cudaHostAlloc returns page-aligned memory), used on the guard's stream while it
+                                                // lives; the guard makes host access and the free of `buf` wait for the kernel.
+        unsafe { probes.write(out.as_mut_ptr().cast(), N * 4, &stream)? };
+    }
     common::check_cm_write("alloc_mapped, read by the CPU", buf.as_slice()?)?; // waits first
     println!("kernel cm_write through the gpu pointer; the CPU read the results in place");
 
@@ -74,15 +77,14 @@ fn main() -> anyhow::Result<()> {
     );
 
     // Shape 2: cudaAllocMapped(&ptr, size), one pointer valid on both sides (UVA).
-    let uva = alloc_mapped_uva::<u32>(N)?;
-    let ptr = uva.device_ptr();
-    ensure!(
-        std::ptr::eq(ptr.cast_const(), uva.host_ptr()),
-        "UVA pointers differ"
-    );
-    // SAFETY: as above, for `uva`'s allocation; `record_use` follows.
-    unsafe { probes.write(ptr.cast(), N * 4, &stream)? };
-    uva.record_use(&stream)?;
+    let mut uva = alloc_mapped_uva::<u32>(N)?;
+    let ptr = uva.device_address();
+    ensure!(std::ptr::eq(ptr, uva.host_ptr()), "UVA pointers differ");
+    {
+        let out = uva.device_ptr_mut(&stream)?;
+        // SAFETY: as above, for `uva`'s allocation.
+        unsafe { probes.write(out.as_mut_ptr().cast(), N * 4, &stream)? };
+    }
     common::check_cm_write("alloc_mapped_uva", uva.as_slice()?)?;
     println!("alloc_mapped_uva: one pointer {ptr:p}; kernel output checked by the CPU");
 
@@ -93,20 +95,14 @@ fn main() -> anyhow::Result<()> {
     let mut wc = MappedBuffer::<u32>::zeroed(N, HostAllocFlags::WRITE_COMBINED)?;
     wc.as_mut_slice()?[4 * 1000] = MAGIC;
     let mut sink = DeviceBuffer::<u64>::zeroed(1)?;
-    let sink_ptr = sink.as_mut_ptr();
-    // SAFETY: `wc`'s device pointer covers N * 4 bytes (page-aligned, a multiple of 16) and
-    // `sink_ptr` one device `u64`; both record the kernel below, so neither is freed or read
-    // by the host before it completes.
-    unsafe {
-        probes.read(
-            wc.device_ptr().cast_const().cast(),
-            N * 4,
-            sink_ptr,
-            &stream,
-        )?
-    };
-    wc.record_use(&stream)?;
-    sink.record_use(&stream)?;
+    {
+        let input = wc.device_ptr(&stream)?;
+        let out = sink.device_ptr_mut(&stream)?;
+        // SAFETY: `input` covers `wc`'s N * 4 bytes (page-aligned, a multiple of 16) and `out`
+        // one device `u64`, both used on the guards' stream while they live; the guards record
+        // the kernel, so neither buffer is freed or read by the host before it completes.
+        unsafe { probes.read(input.as_ptr().cast(), N * 4, out.as_mut_ptr(), &stream)? };
+    }
     let hits = sink.to_vec()?[0];
     ensure!(
         hits == 1,
@@ -118,9 +114,9 @@ fn main() -> anyhow::Result<()> {
     );
 
     // cudaFreeHost, reporting failure (drop frees too).
-    buf.free().map_err(|(_, e)| e)?;
-    uva.free().map_err(|(_, e)| e)?;
-    wc.free().map_err(|(_, e)| e)?;
+    buf.free()?;
+    uva.free()?;
+    wc.free()?;
     println!("cuda-mem example mapped: OK");
     Ok(())
 }

@@ -89,8 +89,8 @@ fn main() -> anyhow::Result<()> {
         info.kind
     );
     // cudaFreeHost, reporting failure (drop frees too, ignoring errors).
-    pinned.free().map_err(|(_, e)| e)?;
-    pinned_back.free().map_err(|(_, e)| e)?;
+    pinned.free()?;
+    pinned_back.free()?;
     drop(dev);
 
     // cudaHostAlloc with each flag and combination: host -> device -> host.

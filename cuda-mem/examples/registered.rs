@@ -19,6 +19,7 @@
 mod common;
 
 use anyhow::ensure;
+use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{
     copy, copy_async, pointer_info, DeviceBuffer, HostRegisterFlags, PointerKind, RegisteredSlice,
     RegisteredVec, Stream,
@@ -46,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         "registered Vec classified as {kind:?}"
     );
     copy(&mut dev, &reg)?; // cudaMemcpy HostToDevice, DMA from the Vec's own pages
-    reg.unregister().map_err(|(_, e)| e)?; // cudaHostUnregister, reporting failure
+    reg.unregister()?; // cudaHostUnregister, reporting failure
     let kind = pointer_info(data_ptr)?.kind;
     ensure!(
         kind == PointerKind::UnregisteredHost,
@@ -72,7 +73,7 @@ fn main() -> anyhow::Result<()> {
         dev.to_vec()?.iter().all(|&v| v == 1),
         "asynchronous copy back changed the data"
     );
-    let back = owned.into_vec().map_err(|(_, e)| e)?; // waits, unregisters, returns the Vec
+    let back = owned.into_vec()?; // waits, unregisters, returns the Vec
     ensure!(
         back.iter().all(|&v| v == 1),
         "the returned Vec lost its contents"
@@ -80,19 +81,21 @@ fn main() -> anyhow::Result<()> {
     println!("RegisteredVec(Portable) + cudaMemcpyAsync both ways: checked");
 
     // cudaHostRegisterMapped: a kernel writes the Vec in place through its device pointer.
-    let mapped = RegisteredVec::register(vec![0u32; N], HostRegisterFlags::MAPPED)?;
-    let gpu = mapped.device_ptr()?; // cudaHostGetDevicePointer
-                                    // The kernel stores 16-byte words; malloc (Rust's system allocator) aligns large blocks
-                                    // to 16 bytes on 64-bit Linux, but check rather than assume.
+    let mut mapped = RegisteredVec::register(vec![0u32; N], HostRegisterFlags::MAPPED)?;
+    let out = mapped.device_ptr_mut(&stream)?; // cudaHostGetDevicePointer, for `stream`
+    let gpu = out.as_mut_ptr();
+    // The kernel stores 16-byte words; malloc (Rust's system allocator) aligns large blocks
+    // to 16 bytes on 64-bit Linux, but check rather than assume.
     ensure!(
         gpu as usize % 16 == 0,
         "device pointer {gpu:p} is not 16-byte aligned"
     );
     let probes = Probes::load()?;
     // SAFETY: `gpu` maps the registered Vec's N * 4 bytes (a multiple of 16, aligned as
-    // checked); `record_use` makes host access, unregistering and the free wait for the kernel.
+    // checked), used on the guard's stream while it lives; the guard makes host access,
+    // unregistering and the free wait for the kernel.
     unsafe { probes.write(gpu.cast(), N * 4, &stream)? };
-    mapped.record_use(&stream)?;
+    drop(out);
     common::check_cm_write("registered mapped Vec", mapped.as_slice()?)?;
     println!("cudaHostRegister(Mapped): kernel wrote the Vec through {gpu:p}; checked in place");
     drop(mapped); // waits for pending work, cudaHostUnregister, then frees the Vec

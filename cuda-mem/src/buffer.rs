@@ -1,12 +1,13 @@
-//! What the owned buffer kinds (device, pinned, managed) have in common, generated once.
+//! What the owned buffer kinds (device, pinned, managed) have in common.
 
-/// For a buffer type `$ty<T>` with fields `ptr: NonNull<T>`, `len: usize`, `fence: Fence` and
-/// a method `fn release(&self) -> Result<()>` that waits for the fence and frees the memory,
-/// generates: the sealed copy traits (on side `$side`), `len`, `is_empty`, `byte_len`,
-/// `as_ptr` (documented by `$addr`), `as_mut_ptr`, `record_use`, `synchronize`, the fallible
-/// `free`, and a `Drop` that never panics.
+/// For a buffer type `$ty<T>` with fields `ptr: NonNull<T>`, `len: usize`, `fence: Fence`, and
+/// methods `fn release(&self) -> Result<()>` (waits for the fence, then frees; returns before
+/// freeing when the wait fails), `fn device_addr_impl(&self) -> Result<*const T>` and
+/// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>`: the sealed copy and
+/// device-pointer trait impls (at location `$loc`), and the accessors, `synchronize`, the
+/// fallible `free` and a `Drop` that never panics.
 macro_rules! impl_buffer {
-    ($ty:ident, $side:expr, $addr:literal) => {
+    ($ty:ident, $loc:expr, $addr:literal) => {
         impl<T: bytemuck::Pod> $crate::copy::sealed::Raw<T> for $ty<T> {
             fn raw_ptr(&self) -> *const T {
                 self.ptr.as_ptr()
@@ -14,11 +15,18 @@ macro_rules! impl_buffer {
             fn raw_len(&self) -> usize {
                 self.len
             }
-            fn side(&self) -> $crate::copy::Side {
-                $side
+            fn loc(&self) -> $crate::copy::Loc {
+                $loc
             }
             fn fence(&self) -> Option<&$crate::fence::Fence> {
                 Some(&self.fence)
+            }
+            fn check_stream(
+                &self,
+                stream: &$crate::Stream,
+                op: &'static str,
+            ) -> $crate::Result<()> {
+                self.check_stream_impl(stream, op)
             }
         }
 
@@ -28,7 +36,14 @@ macro_rules! impl_buffer {
             }
         }
 
-        impl<T: bytemuck::Pod> $crate::copy::AsyncMemory<T> for $ty<T> {}
+        impl<T: bytemuck::Pod> $crate::copy::sealed::Async<T> for $ty<T> {
+            fn device_addr(&self) -> $crate::Result<*const T> {
+                self.device_addr_impl()
+            }
+            fn async_fence(&self) -> &$crate::fence::Fence {
+                &self.fence
+            }
+        }
 
         impl<T: bytemuck::Pod> $ty<T> {
             /// Number of elements.
@@ -47,6 +62,11 @@ macro_rules! impl_buffer {
             }
 
             #[doc = $addr]
+            ///
+            /// A raw address: to hand it to GPU work, take it from
+            /// [`device_ptr`](crate::DevicePtr::device_ptr) or
+            /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut) instead, which order
+            /// and record that work.
             pub fn as_ptr(&self) -> *const T {
                 self.ptr.as_ptr()
             }
@@ -57,40 +77,31 @@ macro_rules! impl_buffer {
                 self.ptr.as_ptr()
             }
 
-            /// Records that work the caller queued on `stream` (e.g. a kernel given this
-            /// buffer's address) uses the buffer: host access, synchronous copies and drop then
-            /// wait for it. It is ordered after work already recorded from other streams.
-            pub fn record_use(&self, stream: &$crate::Stream) -> $crate::Result<()> {
-                self.fence.before(stream)?;
-                self.fence.record(stream)
-            }
-
             /// Waits for all pending work recorded on this buffer.
             pub fn synchronize(&self) -> $crate::Result<()> {
-                self.fence.wait()
+                self.fence.host_wait($crate::fence::Access::Write)
             }
 
-            /// Frees the memory now and reports failure, which drop ignores. On failure the
-            /// buffer comes back with the error.
-            pub fn free(self) -> Result<(), (Self, $crate::Error)> {
-                match self.release() {
-                    Ok(()) => {
-                        let mut me = std::mem::ManuallyDrop::new(self);
-                        // SAFETY: `me` is never used again and the memory is freed; only the
-                        // fence (an event) is left to drop.
-                        unsafe { std::ptr::drop_in_place(&mut me.fence) };
-                        Ok(())
-                    }
-                    Err(e) => Err((self, e)),
-                }
+            /// Frees the memory now and reports failure, which drop ignores.
+            ///
+            /// On failure the memory is leaked, never handed back: either pending GPU work
+            /// could not be waited for (it may still use the memory), or the free itself
+            /// failed (a retry could free twice).
+            pub fn free(self) -> $crate::Result<()> {
+                let mut me = std::mem::ManuallyDrop::new(self);
+                let result = me.release();
+                // SAFETY: `me` is never used or dropped again; the memory is freed (or leaked
+                // on error, see above). Only the fence is left to drop.
+                unsafe { std::ptr::drop_in_place(&mut me.fence) };
+                result
             }
         }
 
         impl<T: bytemuck::Pod> Drop for $ty<T> {
             fn drop(&mut self) {
                 // Errors are ignored: cudaErrorCudartUnloading at exit, or a sticky context
-                // error after which the memory is gone with the context anyway. Drop never
-                // panics.
+                // error after which the memory is gone with the context anyway; when the wait
+                // fails, `release` leaks rather than frees. Drop never panics.
                 let _ = self.release();
             }
         }

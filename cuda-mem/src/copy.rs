@@ -1,48 +1,70 @@
 //! Copies between every kind of memory, typed and length-checked.
 //!
-//! [`copy`] works between any two kinds, ordinary host slices included, and returns when the
-//! copy is done. [`copy_async`] queues the copy on a stream and returns at once; it accepts
-//! only memory that tracks its pending work (device, pinned, mapped, registered, managed),
-//! never a plain slice or `Vec`, whose owner could free or change it while the copy runs.
+//! [`copy`] works between any two kinds, ordinary host slices included. [`copy_async`]
+//! queues the copy on a stream and returns at once; it accepts only memory that tracks its
+//! pending work (device, pinned, mapped, registered `Vec`, managed), never a plain slice or
+//! `Vec`, whose owner could free or change it while the copy runs.
 //!
 //! The `cudaMemcpyKind` follows from the two sides: host and device memory give
 //! `cudaMemcpyHostToDevice`, `DeviceToHost`, `DeviceToDevice` or `HostToHost`; managed memory
 //! (which lives on either side) gives `cudaMemcpyDefault`, resolved by unified addressing.
+//!
+//! # What "synchronous" means here
+//!
+//! `cudaMemcpy` may return before the copy is done: device-to-device copies, copies from
+//! pageable memory to the device (once the source is staged), and copies that involve managed
+//! memory. [`copy`] keeps the C++ cost of those (no extra wait), and makes the result safe to
+//! rely on instead: the copy is **recorded** on the fences of the buffers it may still touch,
+//! as work of the legacy default stream, so that host access to them, their drop, and any
+//! asynchronous work through this crate on any stream (non-blocking ones included) are ordered
+//! after it. Where a side has no fence (a plain slice, a [`RegisteredSlice`]) the copy is
+//! **completed** instead (`cudaStreamSynchronize` on the legacy stream) before `copy` returns.
+//! Every other copy is complete when `cudaMemcpy` returns.
+//!
+//! [`RegisteredSlice`]: crate::RegisteredSlice
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
+use crate::devices::current_ordinal;
 use crate::error::{check, Result};
-use crate::fence::Fence;
+use crate::fence::{Access, Fence};
 use crate::size;
-use crate::stream::Stream;
+use crate::stream::{sync_stream, Stream};
 
-/// Where a kind of memory lives, which picks the `cudaMemcpyKind` of a copy.
+/// Where a kind of memory lives, which picks the `cudaMemcpyKind` of a copy and whether
+/// `cudaMemcpy` may return before it is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// Host memory: pageable, pinned, mapped or registered.
-    Host,
+pub enum Loc {
+    /// Ordinary host memory (`Vec`, slices): the driver stages copies through its own buffer.
+    Pageable,
+    /// Page-locked host memory: pinned, mapped, registered.
+    Pinned,
     /// Device memory.
     Device,
     /// Managed memory, which migrates between host and device.
-    Unified,
+    Managed,
 }
 
-impl Side {
+impl Loc {
+    fn is_host(self) -> bool {
+        matches!(self, Loc::Pageable | Loc::Pinned)
+    }
+
     /// The copy kind for a copy from `src` to `dst`.
-    pub fn copy_kind(src: Side, dst: Side) -> sys::cudaMemcpyKind {
+    pub(crate) fn copy_kind(src: Loc, dst: Loc) -> sys::cudaMemcpyKind {
         use sys::cudaMemcpyKind as K;
         match (src, dst) {
-            (Side::Host, Side::Host) => K::cudaMemcpyHostToHost,
-            (Side::Host, Side::Device) => K::cudaMemcpyHostToDevice,
-            (Side::Device, Side::Host) => K::cudaMemcpyDeviceToHost,
-            (Side::Device, Side::Device) => K::cudaMemcpyDeviceToDevice,
-            _ => K::cudaMemcpyDefault,
+            (Loc::Managed, _) | (_, Loc::Managed) => K::cudaMemcpyDefault,
+            (s, d) if s.is_host() && d.is_host() => K::cudaMemcpyHostToHost,
+            (s, Loc::Device) if s.is_host() => K::cudaMemcpyHostToDevice,
+            (Loc::Device, d) if d.is_host() => K::cudaMemcpyDeviceToHost,
+            _ => K::cudaMemcpyDeviceToDevice,
         }
     }
 
     /// The kind's name as the C API spells it, for messages.
-    pub fn copy_kind_name(kind: sys::cudaMemcpyKind) -> &'static str {
+    fn kind_name(kind: sys::cudaMemcpyKind) -> &'static str {
         use sys::cudaMemcpyKind as K;
         match kind {
             K::cudaMemcpyHostToHost => "HostToHost",
@@ -52,11 +74,25 @@ impl Side {
             _ => "Default",
         }
     }
+
+    /// Whether `cudaMemcpy` from `src` to `dst` may return before the copy is done (the
+    /// runtime's "API synchronization behavior"), and whether the source may still be read
+    /// then (a pageable source is staged before the call returns).
+    fn sync_copy_may_run_on(src: Loc, dst: Loc) -> Option<bool> {
+        match (src, dst) {
+            (Loc::Device, Loc::Device) => Some(true),
+            (Loc::Pageable, Loc::Device) => Some(false),
+            (Loc::Managed, _) | (_, Loc::Managed) => Some(true),
+            _ => None,
+        }
+    }
 }
 
 pub(crate) mod sealed {
-    use super::Side;
+    use super::Loc;
+    use crate::error::Result;
     use crate::fence::Fence;
+    use crate::stream::Stream;
 
     /// The raw view of a memory kind that copies need. Sealed: implemented in this crate only.
     pub trait Raw<T> {
@@ -65,15 +101,34 @@ pub(crate) mod sealed {
         /// Length in elements.
         fn raw_len(&self) -> usize;
         /// Where the memory lives.
-        fn side(&self) -> Side;
+        fn loc(&self) -> Loc;
         /// The pending-work fence, for kinds that track it.
         fn fence(&self) -> Option<&Fence>;
+        /// Refuses work on `stream` that the memory's state forbids (managed memory attached
+        /// to another stream on a device without concurrent managed access).
+        fn check_stream(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
+            Ok(())
+        }
     }
 
     /// Writable memory.
     pub trait RawMut<T>: Raw<T> {
         /// Writable address of the first element.
         fn raw_mut_ptr(&mut self) -> *mut T;
+        /// Refuses device writes the memory does not allow (`READ_ONLY` registrations).
+        fn check_device_writable(&self, _op: &'static str) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Memory whose owner waits for recorded work before host access or free, and which no
+    /// safe code can free while that work runs. Implemented in this crate only: an impl
+    /// carries that promise.
+    pub trait Async<T>: Raw<T> {
+        /// The address kernels use, for [`DevicePtr`](crate::DevicePtr).
+        fn device_addr(&self) -> Result<*const T>;
+        /// The fence (every such kind has one).
+        fn async_fence(&self) -> &Fence;
     }
 }
 
@@ -86,8 +141,19 @@ pub trait MemoryMut<T>: Memory<T> + sealed::RawMut<T> {}
 impl<T, M: sealed::RawMut<T> + ?Sized> MemoryMut<T> for M {}
 
 /// Memory that asynchronous work may use: it tracks pending work and waits for it before host
-/// access or free. Ordinary slices are not: use a pinned or registered buffer.
-pub trait AsyncMemory<T>: Memory<T> {}
+/// access or free, and cannot be freed by safe code while that work runs. Ordinary slices and
+/// `Vec`s are not: use a pinned buffer or a [`RegisteredVec`](crate::RegisteredVec).
+///
+/// The trait is sealed, because an implementation carries that promise:
+///
+/// ```compile_fail
+/// #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+/// #[repr(C)]
+/// struct W(u32);
+/// impl cuda_mem::AsyncMemory<W> for Vec<W> {} // error: the sealed supertrait is not met
+/// ```
+pub trait AsyncMemory<T>: Memory<T> + sealed::Async<T> {}
+impl<T, M: sealed::Async<T> + ?Sized> AsyncMemory<T> for M {}
 
 /// Ordinary (pageable) host memory: slices and `Vec`s, which have no fence and so take part in
 /// synchronous copies only.
@@ -100,8 +166,8 @@ macro_rules! pageable_memory {
             fn raw_len(&self) -> usize {
                 self.len()
             }
-            fn side(&self) -> Side {
-                Side::Host
+            fn loc(&self) -> Loc {
+                Loc::Pageable
             }
             fn fence(&self) -> Option<&Fence> {
                 None
@@ -117,24 +183,10 @@ macro_rules! pageable_memory {
 }
 pageable_memory!([T], Vec<T>);
 
-fn wait_both<T, D, S>(dst: &D, src: &S) -> Result<()>
-where
-    D: sealed::Raw<T> + ?Sized,
-    S: sealed::Raw<T> + ?Sized,
-{
-    if let Some(f) = src.fence() {
-        f.wait()?;
-    }
-    if let Some(f) = dst.fence() {
-        f.wait()?;
-    }
-    Ok(())
-}
-
-/// Copies all of `src` into `dst` and returns when the copy is complete (`cudaMemcpy`).
+/// Copies all of `src` into `dst` (`cudaMemcpy`); see the module docs for when it returns.
 ///
 /// Both must have the same length ([`Misuse::LengthMismatch`](crate::Misuse::LengthMismatch)
-/// otherwise). Pending asynchronous work on either buffer is waited for first.
+/// otherwise). The copy is ordered after pending asynchronous work on either buffer.
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
@@ -157,9 +209,8 @@ where
     copy_range(dst, 0, src, 0, src.raw_len())
 }
 
-/// Copies `count` elements from `src[src_offset..]` to `dst[dst_offset..]` and returns when the
-/// copy is complete. Ranges outside either buffer are
-/// [`Misuse::OutOfBounds`](crate::Misuse::OutOfBounds).
+/// Copies `count` elements from `src[src_offset..]` to `dst[dst_offset..]`; see [`copy`].
+/// Ranges outside either buffer are [`Misuse::OutOfBounds`](crate::Misuse::OutOfBounds).
 pub fn copy_range<T, D, S>(
     dst: &mut D,
     dst_offset: usize,
@@ -176,18 +227,54 @@ where
     if plan.bytes == 0 {
         return Ok(());
     }
-    wait_both(dst, src)?;
+    dst.check_device_writable("copy")?;
     let Plan { d, s, bytes, kind } = plan;
+    let device = current_ordinal();
+    let legacy = Stream::legacy_on(device);
+    // Order the copy (it runs on the legacy default stream) after pending work on both sides,
+    // on the device; the uses are not marked here (see below).
+    let (sr, dr) = (
+        plan_range::<T>(src_offset, bytes),
+        plan_range::<T>(dst_offset, bytes),
+    );
+    if let Some(f) = src.fence() {
+        f.order(&legacy, sr, Access::Read)?;
+    }
+    if let Some(f) = dst.fence() {
+        f.order(&legacy, dr, Access::Write)?;
+    }
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
-    // borrowed mutably so nothing else reads or writes it, and pending GPU work on both was
-    // waited for. `T: Pod` makes any bytes written valid.
+    // borrowed mutably so nothing else reads or writes it, and pending GPU work on both is
+    // ordered before the copy on the device. `T: Pod` makes any bytes written valid. If the
+    // copy outlives this call, it is recorded or completed below before the borrows end.
     let code = unsafe { sys::cudaMemcpy(d.cast(), s.cast(), bytes, kind) };
-    check(code, || {
+    let result = check(code, || {
         format!(
             "cudaMemcpy({d:p}, {s:p}, {bytes} bytes, {})",
-            Side::copy_kind_name(kind)
+            Loc::kind_name(kind)
         )
-    })
+    });
+    if let Some(src_may_run) = Loc::sync_copy_may_run_on(src.loc(), dst.loc()) {
+        let src_fence = src.fence().filter(|_| src_may_run);
+        match dst.fence() {
+            Some(df) if !src_may_run || src_fence.is_some() => {
+                df.mark_legacy(device, dr, Access::Write);
+                if let Some(sf) = src_fence {
+                    sf.mark_legacy(device, sr, Access::Read);
+                }
+            }
+            // A side without a fence: finish the copy before its borrow ends.
+            _ => sync_stream(legacy.inner())?,
+        }
+    }
+    result
+}
+
+/// The byte range of `bytes` bytes from element `offset`.
+fn plan_range<T>(offset: usize, bytes: usize) -> (usize, usize) {
+    // Cannot overflow: `Plan::new` checked that the range lies inside an allocation.
+    let start = offset * std::mem::size_of::<T>();
+    (start, start + bytes)
 }
 
 /// The checked pointers, size and kind of one copy.
@@ -213,7 +300,7 @@ impl<T: Pod> Plan<T> {
         size::range(dst_offset, count, dst.raw_len())?;
         size::range(src_offset, count, src.raw_len())?;
         let bytes = size::byte_len::<T>(count)?;
-        let kind = Side::copy_kind(src.side(), dst.side());
+        let kind = Loc::copy_kind(src.loc(), dst.loc());
         // `wrapping_add` keeps this free of `unsafe`; the offsets are in bounds (checked above),
         // so the results are the in-bounds element addresses.
         Ok(Plan {
@@ -228,10 +315,11 @@ impl<T: Pod> Plan<T> {
 /// Queues a copy of all of `src` into `dst` on `stream` and returns at once
 /// (`cudaMemcpyAsync`).
 ///
-/// Both buffers record the stream's progress: host access to either ([`as_slice`] and friends),
-/// a synchronous copy, and their drop all wait for this copy first, so no safe code can see or
-/// free the memory while the copy runs. Work already pending on either buffer from another
-/// stream is ordered before this copy.
+/// Both buffers record that the stream uses them: host access to either ([`as_slice`] and
+/// friends), a synchronous copy, and their drop all wait for this copy first, so no safe code
+/// can see or free the memory while the copy runs. Conflicting work already pending on either
+/// buffer from another stream (a write, or a read before this copy's write) is ordered before
+/// this copy on the device; work on the same stream and work on other ranges never waits.
 ///
 /// [`as_slice`]: crate::PinnedBuffer::as_slice
 pub fn copy_async<T, D, S>(dst: &mut D, src: &S, stream: &Stream) -> Result<()>
@@ -263,25 +351,34 @@ where
     if bytes == 0 {
         return Ok(());
     }
-    let fences = [src.fence(), dst.fence()];
-    for f in fences.iter().flatten() {
-        f.before(stream)?;
-    }
-    // SAFETY: the ranges lie inside live allocations (`Plan::new`). The copy outlives this call,
-    // which is sound because both sides are `AsyncMemory`: each records the stream below, and
-    // waits for it before any host access or free.
+    dst.check_device_writable("copy_async")?;
+    src.check_stream(stream, "copy_async")?;
+    dst.check_stream(stream, "copy_async")?;
+    let (sr, dr) = (
+        plan_range::<T>(src_offset, bytes),
+        plan_range::<T>(dst_offset, bytes),
+    );
+    // Marked when these drop, after the copy is queued below.
+    let _src_use = match src.fence() {
+        Some(f) => Some(f.begin(stream, sr, Access::Read)?),
+        None => None,
+    };
+    let _dst_use = match dst.fence() {
+        Some(f) => Some(f.begin(stream, dr, Access::Write)?),
+        None => None,
+    };
+    // SAFETY: the ranges lie inside live allocations (`Plan::new`). The copy outlives this
+    // call, which is sound because both sides are `AsyncMemory`: the uses above mark it on
+    // their fences before the borrows end, and the owners wait for it before host access or
+    // free; pending conflicting work was ordered before it by `begin`.
     let code = unsafe { sys::cudaMemcpyAsync(d.cast(), s.cast(), bytes, kind, stream.as_raw()) };
     check(code, || {
         format!(
             "cudaMemcpyAsync({d:p}, {s:p}, {bytes} bytes, {}, stream {:p})",
-            Side::copy_kind_name(kind),
+            Loc::kind_name(kind),
             stream.as_raw()
         )
-    })?;
-    for f in fences.iter().flatten() {
-        f.record(stream)?;
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -291,31 +388,39 @@ mod tests {
 
     #[test]
     fn copy_kind_follows_the_sides() {
+        let cases = [
+            (Loc::Pinned, Loc::Device, K::cudaMemcpyHostToDevice),
+            (Loc::Pageable, Loc::Device, K::cudaMemcpyHostToDevice),
+            (Loc::Device, Loc::Pinned, K::cudaMemcpyDeviceToHost),
+            (Loc::Device, Loc::Device, K::cudaMemcpyDeviceToDevice),
+            (Loc::Pinned, Loc::Pageable, K::cudaMemcpyHostToHost),
+            (Loc::Managed, Loc::Pinned, K::cudaMemcpyDefault),
+            (Loc::Device, Loc::Managed, K::cudaMemcpyDefault),
+        ];
+        for (s, d, k) in cases {
+            assert_eq!(Loc::copy_kind(s, d), k, "{s:?} -> {d:?}");
+        }
+        assert_eq!(Loc::kind_name(K::cudaMemcpyDefault), "Default");
+    }
+
+    #[test]
+    fn the_copies_cudamemcpy_may_leave_running_are_known() {
+        // Per the runtime's API synchronization behavior.
         assert_eq!(
-            Side::copy_kind(Side::Host, Side::Device),
-            K::cudaMemcpyHostToDevice
+            Loc::sync_copy_may_run_on(Loc::Device, Loc::Device),
+            Some(true)
         );
         assert_eq!(
-            Side::copy_kind(Side::Device, Side::Host),
-            K::cudaMemcpyDeviceToHost
+            Loc::sync_copy_may_run_on(Loc::Pageable, Loc::Device),
+            Some(false)
         );
         assert_eq!(
-            Side::copy_kind(Side::Device, Side::Device),
-            K::cudaMemcpyDeviceToDevice
+            Loc::sync_copy_may_run_on(Loc::Managed, Loc::Pinned),
+            Some(true)
         );
-        assert_eq!(
-            Side::copy_kind(Side::Host, Side::Host),
-            K::cudaMemcpyHostToHost
-        );
-        assert_eq!(
-            Side::copy_kind(Side::Unified, Side::Host),
-            K::cudaMemcpyDefault
-        );
-        assert_eq!(
-            Side::copy_kind(Side::Device, Side::Unified),
-            K::cudaMemcpyDefault
-        );
-        assert_eq!(Side::copy_kind_name(K::cudaMemcpyDefault), "Default");
+        assert_eq!(Loc::sync_copy_may_run_on(Loc::Pinned, Loc::Device), None);
+        assert_eq!(Loc::sync_copy_may_run_on(Loc::Device, Loc::Pageable), None);
+        assert_eq!(Loc::sync_copy_may_run_on(Loc::Pinned, Loc::Pinned), None);
     }
 
     #[test]
@@ -329,5 +434,6 @@ mod tests {
         assert!(Plan::new(&mut dst, 2, &src, 0, 3).is_err());
         assert!(Plan::new(&mut dst, 0, &src, 6, 3).is_err());
         assert!(Plan::new(&mut dst, usize::MAX, &src, 0, 1).is_err());
+        assert_eq!(plan_range::<u32>(5, 12), (20, 32));
     }
 }

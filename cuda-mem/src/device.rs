@@ -7,10 +7,10 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::buffer::impl_buffer;
-use crate::copy::{self, Memory, MemoryMut};
+use crate::copy::{self, Loc, Memory, MemoryMut};
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, Error, Misuse, Result};
-use crate::fence::Fence;
+use crate::fence::{Access, Fence};
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
 
@@ -44,11 +44,7 @@ unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
 // thread-safe runtime calls; the fence is behind a mutex.
 unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
 
-impl_buffer!(
-    DeviceBuffer,
-    copy::Side::Device,
-    "The device address, for kernels and calls this crate does not wrap."
-);
+impl_buffer!(DeviceBuffer, Loc::Device, "The device address.");
 
 impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` elements on the current device, contents unspecified (`cudaMalloc`).
@@ -118,13 +114,22 @@ impl<T: Pod> DeviceBuffer<T> {
         copy::copy(dst, self)
     }
 
-    /// Sets every byte to `byte` and waits for it (`cudaMemset`).
+    /// Sets every byte to `byte` (`cudaMemset`).
+    ///
+    /// Like the C++ call, this may return before the fill is done (the runtime queues it on
+    /// the legacy default stream). It is recorded on the buffer, so host-visible results stay
+    /// exact: copies out of the buffer, and asynchronous work on it through this crate on any
+    /// stream (non-blocking ones included), are ordered after the fill.
     pub fn memset(&mut self, byte: u8) -> Result<()> {
-        self.fence.wait()?;
+        let device = current_ordinal();
         let bytes = self.byte_len();
+        self.fence
+            .order(&Stream::legacy_on(device), (0, bytes), Access::Write)?;
         let p = self.ptr.as_ptr();
-        // SAFETY: `p` is our live allocation of `bytes` bytes, borrowed mutably.
+        // SAFETY: `p` is our live allocation of `bytes` bytes, borrowed mutably; conflicting
+        // pending work was ordered before the fill, and the fill is recorded below.
         let code = unsafe { sys::cudaMemset(p.cast(), byte.into(), bytes) };
+        self.fence.mark_legacy(device, (0, bytes), Access::Write);
         check(code, || {
             format!("cudaMemset({p:p}, {byte}, {})", fmt_bytes(bytes))
         })
@@ -132,16 +137,15 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Queues a byte fill on `stream` (`cudaMemsetAsync`); the buffer records the stream.
     pub fn memset_async(&mut self, byte: u8, stream: &Stream) -> Result<()> {
-        self.fence.before(stream)?;
         let bytes = self.byte_len();
+        let _use = self.fence.begin(stream, (0, bytes), Access::Write)?;
         let p = self.ptr.as_ptr();
-        // SAFETY: `p` covers `bytes` bytes of our allocation, which waits for `stream` (recorded
-        // below) before it is freed.
+        // SAFETY: `p` covers `bytes` bytes of our allocation; the use above records the fill
+        // on the fence when it drops, and the buffer waits for it before host access or free.
         let code = unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
         check(code, || {
             format!("cudaMemsetAsync({p:p}, {byte}, {})", fmt_bytes(bytes))
-        })?;
-        self.fence.record(stream)
+        })
     }
 
     /// The device ordinal the memory lives on.
@@ -175,7 +179,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Gives up ownership: the caller must free the pointer with `cudaFree`. Pending work
     /// recorded on the buffer is waited for first.
     pub fn into_raw(self) -> Result<(*mut T, usize), (Self, Error)> {
-        if let Err(e) = self.fence.wait() {
+        if let Err(e) = self.fence.host_wait(Access::Write) {
             return Err((self, e));
         }
         let mut me = std::mem::ManuallyDrop::new(self);
@@ -185,8 +189,16 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok((me.ptr.as_ptr(), me.len))
     }
 
+    fn device_addr_impl(&self) -> Result<*const T> {
+        Ok(self.ptr.as_ptr())
+    }
+
+    fn check_stream_impl(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
+        Ok(())
+    }
+
     fn release(&self) -> Result<()> {
-        self.fence.wait()?;
+        self.fence.host_wait(Access::Write)?;
         let _guard = if self.device != current_ordinal() {
             Device::get(self.device).and_then(Device::guard).ok()
         } else {

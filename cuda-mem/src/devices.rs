@@ -1,6 +1,7 @@
 //! Devices: count, selection, memory capabilities, free memory, versions.
 
 use std::ffi::CStr;
+use std::marker::PhantomData;
 use std::os::raw::c_int;
 
 use cuda_mem_sys as sys;
@@ -97,6 +98,12 @@ impl Device {
         Ok(Device { ordinal })
     }
 
+    /// A device handle for an ordinal the crate already knows is valid (a stream's, an
+    /// event's, a buffer's).
+    pub(crate) fn from_ordinal_unchecked(ordinal: i32) -> Device {
+        Device { ordinal }
+    }
+
     /// The ordinal.
     pub fn ordinal(self) -> i32 {
         self.ordinal
@@ -114,11 +121,15 @@ impl Device {
     pub fn guard(self) -> Result<DeviceGuard> {
         let previous = Device::current()?;
         if previous == self {
-            return Ok(DeviceGuard { previous: None });
+            return Ok(DeviceGuard {
+                previous: None,
+                _not_send: PhantomData,
+            });
         }
         self.set_current()?;
         Ok(DeviceGuard {
             previous: Some(previous),
+            _not_send: PhantomData,
         })
     }
 
@@ -241,18 +252,40 @@ impl Device {
 }
 
 /// Restores the previous current device on drop (see [`Device::guard`]).
+///
+/// The current device is per thread, so the guard cannot move to another thread (it would
+/// restore the device there), and it must be bound to a name to have any effect:
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>(_: T) {}
+/// let guard = cuda_mem::Device::get(0).unwrap().guard().unwrap();
+/// assert_send(guard); // error: `*const ()` cannot be sent between threads safely
+/// ```
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// cuda_mem::Device::get(0).unwrap().guard().unwrap(); // error: unused `DeviceGuard`
+/// ```
 #[derive(Debug)]
+#[must_use = "the previous device is restored when the guard drops: bind it, `let _g = ...`"]
 pub struct DeviceGuard {
     /// The device to restore; `None` when it was already current.
     previous: Option<Device>,
+    /// Neither `Send` nor `Sync`: the current device belongs to the thread.
+    _not_send: PhantomData<*const ()>,
 }
 
 impl Drop for DeviceGuard {
     fn drop(&mut self) {
         if let Some(prev) = self.previous {
-            // SAFETY: plain value argument; an error (e.g. at process exit) is ignored: drop
-            // never panics.
-            unsafe { sys::cudaSetDevice(prev.ordinal) };
+            // SAFETY: plain value argument. An error (e.g. at process exit) is not reported,
+            // since drop never panics, but it is cleared from the thread's last-error state so
+            // that it does not surface in an unrelated later call.
+            unsafe {
+                if sys::cudaSetDevice(prev.ordinal) != sys::cudaError::cudaSuccess {
+                    sys::cudaGetLastError();
+                }
+            }
         }
     }
 }

@@ -46,22 +46,30 @@ impl ErrorCode {
     /// `cudaErrorNotReady`: asynchronous work has not completed yet (not a failure).
     pub const NOT_READY: ErrorCode = ErrorCode(sys::cudaError::cudaErrorNotReady.0);
 
-    /// Codes after which the CUDA context is unusable: every later call in the process fails.
-    const STICKY: [sys::cudaError; 13] = [
-        sys::cudaError::cudaErrorIllegalAddress,
-        sys::cudaError::cudaErrorLaunchFailure,
-        sys::cudaError::cudaErrorLaunchTimeout,
-        sys::cudaError::cudaErrorAssert,
-        sys::cudaError::cudaErrorHardwareStackError,
-        sys::cudaError::cudaErrorIllegalInstruction,
-        sys::cudaError::cudaErrorMisalignedAddress,
-        sys::cudaError::cudaErrorInvalidAddressSpace,
-        sys::cudaError::cudaErrorInvalidPc,
-        sys::cudaError::cudaErrorECCUncorrectable,
-        sys::cudaError::cudaErrorContained,
-        sys::cudaError::cudaErrorTensorMemoryLeak,
-        sys::cudaError::cudaErrorUnknown,
+    /// The codes that `driver_types.h` documents with "the process must be terminated and
+    /// relaunched": after one, every later call in the process fails. Kept as numbers (they
+    /// are ABI) so that the list is the same whichever header the crate was built against:
+    /// `cudaErrorContained` and `cudaErrorTensorMemoryLeak` are newer than CUDA 12.0.
+    const STICKY: [u32; 13] = [
+        226, // cudaErrorContained
+        700, // cudaErrorIllegalAddress
+        702, // cudaErrorLaunchTimeout
+        710, // cudaErrorAssert
+        714, // cudaErrorHardwareStackError
+        715, // cudaErrorIllegalInstruction
+        716, // cudaErrorMisalignedAddress
+        717, // cudaErrorInvalidAddressSpace
+        718, // cudaErrorInvalidPc
+        719, // cudaErrorLaunchFailure
+        721, // cudaErrorTensorMemoryLeak
+        810, // cudaErrorMpsClientTerminated
+        911, // cudaErrorExternalDevice
     ];
+
+    /// The sticky codes (see [`ErrorCode::is_sticky`]).
+    pub fn sticky_codes() -> impl Iterator<Item = ErrorCode> {
+        Self::STICKY.into_iter().map(ErrorCode)
+    }
 
     /// The symbolic name, e.g. `cudaErrorMemoryAllocation` (`cudaGetErrorName`). Unknown codes
     /// give the runtime's own answer for them (`cudaErrorUnknown`-style text), never a panic.
@@ -89,9 +97,11 @@ impl ErrorCode {
     }
 
     /// Whether the error corrupts the CUDA context (e.g. an illegal address in a kernel): every
-    /// later runtime call in this process then fails, and only a new process recovers.
+    /// later runtime call in this process then fails, and only a new process recovers. These
+    /// are exactly the codes the runtime header documents as "must be terminated and
+    /// relaunched" (`cudaErrorUnknown` is not among them).
     pub fn is_sticky(self) -> bool {
-        Self::STICKY.iter().any(|c| c.0 == self.0)
+        Self::STICKY.contains(&self.0)
     }
 
     /// No usable driver or device: `cudaErrorInsufficientDriver` or `cudaErrorNoDevice`.
@@ -226,6 +236,22 @@ pub enum Misuse {
         /// Bytes free on the device (`cudaMemGetInfo`).
         free: usize,
     },
+    /// Two things that CUDA requires on one device are on different devices (an event and the
+    /// stream it is recorded on).
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The device required.
+        expected: i32,
+        /// The device found.
+        found: i32,
+    },
+    /// A copy or kernel would write memory registered `READ_ONLY`, which the device promised
+    /// only to read.
+    ReadOnlyDestination {
+        /// The operation.
+        op: &'static str,
+    },
     /// An argument the operation cannot take, with the reason.
     InvalidArgument {
         /// The operation.
@@ -275,6 +301,18 @@ impl fmt::Display for Misuse {
             Misuse::ManagedExceedsFree { bytes, free } => write!(
                 f,
                 "managed allocation of {bytes} bytes refused: only {free} bytes free on the device"
+            ),
+            Misuse::DeviceMismatch {
+                op,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{op}: expected device {expected}, found device {found} (CUDA requires the same device)"
+            ),
+            Misuse::ReadOnlyDestination { op } => write!(
+                f,
+                "{op}: the destination was registered READ_ONLY, so the device may not write it"
             ),
             Misuse::InvalidArgument { op, reason } => write!(f, "{op}: {reason}"),
         }
@@ -380,6 +418,22 @@ pub(crate) fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Re
         code: code.into(),
         call: call(),
     })
+}
+
+/// For queries (`cudaStreamQuery`, `cudaEventQuery`): whether `code` is `cudaErrorNotReady`,
+/// which is an answer, not a failure. The runtime also leaves it as the thread's last error,
+/// where C++ code in the same thread would later see a spurious failure: it is cleared here.
+pub(crate) fn clear_not_ready(code: sys::cudaError_t) -> bool {
+    if code != sys::cudaError::cudaErrorNotReady {
+        return false;
+    }
+    // SAFETY: both take no arguments and only read (and reset) the thread's error state.
+    unsafe {
+        if sys::cudaPeekAtLastError() == sys::cudaError::cudaErrorNotReady {
+            sys::cudaGetLastError();
+        }
+    }
+    true
 }
 
 /// Like [`check`] for calls whose text has no arguments.

@@ -1,16 +1,22 @@
-//! Events: markers in a stream, for waiting and timing.
+//! Events: markers in a stream, for waiting and timing, each bound to one device.
 
 use std::ptr;
 
 use cuda_mem_sys as sys;
 
-use crate::error::{check, check_call, Result};
-use crate::stream::Stream;
+use crate::devices::{current_ordinal, Device};
+use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
+use crate::stream::{Stream, StreamInner};
 
-/// A CUDA event, destroyed on drop.
+/// A CUDA event on one device, destroyed on drop.
+///
+/// CUDA requires an event and the stream it is recorded on to belong to the same device:
+/// [`Event::record`] refuses anything else with [`Misuse::DeviceMismatch`]. Waiting on an
+/// event from a stream of another device is allowed.
 #[derive(Debug)]
 pub struct Event {
     raw: sys::cudaEvent_t,
+    device: i32,
 }
 
 // SAFETY: a cudaEvent_t is a handle the runtime allows to be used from any thread and
@@ -20,12 +26,14 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// An event that records timing (`cudaEventDefault`), for [`Event::elapsed_ms`].
+    /// An event on the current device that records timing (`cudaEventDefault`), for
+    /// [`Event::elapsed_ms`].
     pub fn timing() -> Result<Self> {
         Self::with_flags(sys::cudaEventDefault, "cudaEventCreate(DEFAULT)")
     }
 
-    /// An event without timing (`cudaEventDisableTiming`): the cheapest kind, for waiting.
+    /// An event on the current device without timing (`cudaEventDisableTiming`): the
+    /// cheapest kind, for waiting.
     pub fn new() -> Result<Self> {
         Self::with_flags(
             sys::cudaEventDisableTiming,
@@ -33,24 +41,37 @@ impl Event {
         )
     }
 
+    /// A waiting event ([`Event::new`]) on `device`.
+    pub fn on(device: Device) -> Result<Self> {
+        let _g = device.guard()?;
+        Self::new()
+    }
+
     fn with_flags(flags: u32, call: &'static str) -> Result<Self> {
+        let device = current_ordinal();
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer and flags are documented values.
         let code = unsafe { sys::cudaEventCreateWithFlags(&mut raw, flags) };
         check_call(code, call)?;
-        Ok(Event { raw })
+        Ok(Event { raw, device })
     }
 
-    /// Records the event at the current end of `stream`.
+    /// The device the event belongs to.
+    pub fn device(&self) -> Device {
+        Device::from_ordinal_unchecked(self.device)
+    }
+
+    /// Records the event at the current end of `stream`, which must be on the event's device.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        // SAFETY: both handles are live.
-        let code = unsafe { sys::cudaEventRecord(self.raw, stream.as_raw()) };
+        self.record_inner(stream.inner())
+    }
+
+    pub(crate) fn record_inner(&self, stream: &StreamInner) -> Result<()> {
+        check_same_device("Event::record", self.device, stream.device())?;
+        // SAFETY: both handles are live (the borrows keep them).
+        let code = unsafe { sys::cudaEventRecord(self.raw, stream.raw()) };
         check(code, || {
-            format!(
-                "cudaEventRecord({:p}, stream {:p})",
-                self.raw,
-                stream.as_raw()
-            )
+            format!("cudaEventRecord({:p}, stream {:p})", self.raw, stream.raw())
         })
     }
 
@@ -62,24 +83,30 @@ impl Event {
         })
     }
 
-    /// Whether the work before the last record has completed, without waiting.
+    /// Whether the work before the last record has completed, without waiting. A not-ready
+    /// answer leaves the runtime's last-error state clean (`cudaSuccess`).
     pub fn is_complete(&self) -> Result<bool> {
         // SAFETY: the handle is live.
         let code = unsafe { sys::cudaEventQuery(self.raw) };
-        if code == sys::cudaError::cudaErrorNotReady {
+        if clear_not_ready(code) {
             return Ok(false);
         }
         check(code, || format!("cudaEventQuery({:p})", self.raw)).map(|()| true)
     }
 
-    /// Makes later work on `stream` wait until this event completes (`cudaStreamWaitEvent`).
+    /// Makes later work on `stream` wait until this event completes (`cudaStreamWaitEvent`),
+    /// without blocking the host. The stream may belong to another device.
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
+        self.wait_on_inner(stream.inner())
+    }
+
+    pub(crate) fn wait_on_inner(&self, stream: &StreamInner) -> Result<()> {
         // SAFETY: both handles are live.
-        let code = unsafe { sys::cudaStreamWaitEvent(stream.as_raw(), self.raw, 0) };
+        let code = unsafe { sys::cudaStreamWaitEvent(stream.raw(), self.raw, 0) };
         check(code, || {
             format!(
                 "cudaStreamWaitEvent(stream {:p}, {:p})",
-                stream.as_raw(),
+                stream.raw(),
                 self.raw
             )
         })
@@ -100,9 +127,46 @@ impl Event {
     }
 }
 
+/// CUDA's rule for recording: "event and stream must be on the same CUDA context".
+pub(crate) fn check_same_device(op: &'static str, event: i32, stream: i32) -> Result<()> {
+    if event == stream {
+        Ok(())
+    } else {
+        Err(Misuse::DeviceMismatch {
+            op,
+            expected: event,
+            found: stream,
+        }
+        .into())
+    }
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: we own the handle and destroy it once; errors are ignored (drop never panics).
         unsafe { sys::cudaEventDestroy(self.raw) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recording_across_devices_is_refused_before_the_runtime() {
+        assert!(check_same_device("Event::record", 1, 1).is_ok());
+        let e = check_same_device("Event::record", 0, 1).unwrap_err();
+        assert_eq!(
+            e.misuse(),
+            Some(&Misuse::DeviceMismatch {
+                op: "Event::record",
+                expected: 0,
+                found: 1
+            })
+        );
+        assert_eq!(
+            e.to_string(),
+            "Event::record: expected device 0, found device 1 (CUDA requires the same device)"
+        );
     }
 }

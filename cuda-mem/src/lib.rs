@@ -18,12 +18,20 @@
 //!
 //! # Soundness of asynchronous work
 //!
-//! Every buffer carries a fence: asynchronous operations record an event on it, and host
-//! access (`as_slice`, `as_mut_slice`), synchronous copies and drop wait for that event first.
-//! Plain slices and `Vec`s cannot take part in asynchronous copies at all. Element types are
+//! Every buffer carries a fence that knows which streams have queued work on which of its
+//! byte ranges, reading or writing. Host reads wait for pending GPU writes, host writes and
+//! drop for all pending work; asynchronous work on one stream is ordered (on the device) after
+//! conflicting work of other streams, while work on the same stream, on disjoint ranges, or
+//! reads beside reads never wait. Kernels get device addresses through guards
+//! ([`DevicePtr::device_ptr`], [`DevicePtrMut::device_ptr_mut`]) that order the stream first
+//! and record the launch after it (see [`DevicePtr`] for the aliasing rule).
+//! Events are recorded lazily, when somebody needs to wait, so queueing work costs no runtime
+//! call beyond the work itself. Plain slices and `Vec`s cannot take part in asynchronous work
+//! at all; the traits that carry these promises are sealed. Element types are
 //! [`bytemuck::Pod`], valid for every bit pattern the GPU may write.
 #![warn(missing_docs)]
 
+mod access;
 mod buffer;
 mod copy;
 mod device;
@@ -39,13 +47,14 @@ mod pointer;
 mod registered;
 mod size;
 mod stream;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use bytemuck::Pod;
 pub use cuda_mem_sys as sys;
 
-pub use copy::{
-    copy, copy_async, copy_range, copy_range_async, AsyncMemory, Memory, MemoryMut, Side,
-};
+pub use access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
+pub use copy::{copy, copy_async, copy_range, copy_range_async, AsyncMemory, Memory, MemoryMut};
 pub use device::DeviceBuffer;
 pub use devices::{
     driver_version, format_version, runtime_version, Device, DeviceGuard, MemoryCapabilities,
@@ -54,8 +63,6 @@ pub use devices::{
 pub use error::{Error, ErrorCode, Misuse, Result};
 pub use event::Event;
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
-#[doc(hidden)]
-pub use mapped::__alloc_mapped_uva_with;
 pub use mapped::{alloc_mapped, alloc_mapped_uva, MappedBuffer};
 pub use pinned::{HostAllocFlags, PinnedBuffer};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};

@@ -7,17 +7,18 @@
 use std::marker::PhantomData;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::buffer::impl_buffer;
-use crate::copy::Side;
+use crate::copy::Loc;
 use crate::devices::Device;
 use crate::error::{check, Misuse, Result};
-use crate::fence::Fence;
+use crate::fence::{Access, Fence};
 use crate::size::{self, fmt_bytes};
-use crate::stream::Stream;
+use crate::stream::{Stream, StreamInner};
 
 /// `cudaCpuDeviceId`: the host, where the API takes a device ordinal.
 pub const CPU_DEVICE_ID: i32 = -1;
@@ -122,9 +123,21 @@ impl Advice {
 /// A typed buffer of managed memory, freed on drop (`cudaFree`).
 ///
 /// Host access waits for GPU work recorded on the buffer (prefetches, async copies and
-/// memsets, kernels marked with [`record_use`](Self::record_use)); on devices without
-/// concurrent managed access it also waits for the whole device, since there the CPU may not
-/// touch managed memory while any kernel runs.
+/// memsets, kernels given its address through [`device_ptr`](crate::DevicePtr::device_ptr) or
+/// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut)).
+///
+/// # Devices without concurrent managed access
+///
+/// On devices without `cudaDevAttrConcurrentManagedAccess` (Windows, GPUs before Pascal, some
+/// Jetson boards) the CPU may not touch managed memory while *any* kernel runs on the device,
+/// and memory attached to the host or to one stream may not be touched by other GPU work.
+/// Neither can be checked from here: a slice handed out would stay alive across launches this
+/// buffer never sees. There, safe host access ([`as_slice`](Self::as_slice),
+/// [`as_mut_slice`](Self::as_mut_slice)) is refused with [`Misuse::Unsupported`] and the
+/// `unsafe` [`as_slice_unchecked`](Self::as_slice_unchecked) states the rule instead; GPU work
+/// on a stream the attachment ([`Attach`]) excludes is refused with
+/// [`Misuse::InvalidArgument`]. Devices with concurrent access (Linux on Pascal and newer, the
+/// H100/H200) have neither restriction.
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
@@ -143,19 +156,30 @@ pub struct ManagedBuffer<T: Pod> {
     device: i32,
     /// `cudaDevAttrConcurrentManagedAccess` of `device`, read once at allocation.
     concurrent_access: bool,
+    /// Which GPU work may touch the memory (enforced only without concurrent access).
+    attached: Attached,
     fence: Fence,
     _owns: PhantomData<T>,
 }
 
+/// The attachment of a managed buffer.
+#[derive(Debug, Clone)]
+enum Attached {
+    Global,
+    Host,
+    Single(Arc<StreamInner>),
+}
+
 // SAFETY: exclusive ownership of the allocation, as `Vec<T>`; managed memory may be used and
-// freed from any thread.
+// freed from any thread; the stream handle in `attached` is Send and Sync itself.
 unsafe impl<T: Pod + Send> Send for ManagedBuffer<T> {}
-// SAFETY: shared access gives `&[T]` only after the fence wait; the fence is mutex-protected.
+// SAFETY: shared access gives `&[T]` only after the fence wait (and only on devices with
+// concurrent managed access); the fence is mutex-protected.
 unsafe impl<T: Pod + Sync> Sync for ManagedBuffer<T> {}
 
 impl_buffer!(
     ManagedBuffer,
-    Side::Unified,
+    Loc::Managed,
     "The address, valid on host and device."
 );
 
@@ -177,8 +201,9 @@ impl<T: Pod> ManagedBuffer<T> {
     /// placed on the host before its first use (the fill dominates the cost of allocating).
     ///
     /// # Safety
-    /// The memory is uninitialised: write it (from the host, or from the device followed by
-    /// [`record_use`](Self::record_use)) before reading it through [`as_slice`](Self::as_slice).
+    /// The memory is uninitialised: write it (from the host, or from the device through
+    /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut)) before reading it through
+    /// [`as_slice`](Self::as_slice).
     pub unsafe fn uninit(len: usize, attach: Attach) -> Result<Self> {
         Self::alloc(len, attach, "ManagedBuffer::uninit")
     }
@@ -197,8 +222,13 @@ impl<T: Pod> ManagedBuffer<T> {
             sys::cudaDeviceAttr::cudaDevAttrManagedMemory,
             "cudaDevAttrManagedMemory (managed memory)",
         )?;
-        let concurrent_access =
+        #[allow(unused_mut)]
+        let mut concurrent_access =
             dev.attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)? != 0;
+        #[cfg(feature = "testing")]
+        if crate::testing::no_concurrent_managed_access() {
+            concurrent_access = false;
+        }
         let (free, _) = dev.mem_info()?;
         if bytes > free {
             return Err(Misuse::ManagedExceedsFree { bytes, free }.into());
@@ -217,45 +247,134 @@ impl<T: Pod> ManagedBuffer<T> {
             len,
             device: dev.ordinal(),
             concurrent_access,
+            attached: if attach == Attach::Host {
+                Attached::Host
+            } else {
+                Attached::Global
+            },
             fence: Fence::default(),
             _owns: PhantomData,
         };
         Ok(buf)
     }
 
-    fn wait_for_host(&self) -> Result<()> {
-        self.fence.wait()?;
-        if !self.concurrent_access {
-            Device::get(self.device)?.synchronize()?;
+    /// Refuses safe host access where the device cannot make it sound.
+    fn require_concurrent_access(&self) -> Result<()> {
+        if self.concurrent_access {
+            Ok(())
+        } else {
+            Err(Misuse::Unsupported {
+                device: self.device,
+                feature: "cudaDevAttrConcurrentManagedAccess (safe host access to managed \
+                          memory; see ManagedBuffer::as_slice_unchecked)",
+            }
+            .into())
         }
-        Ok(())
     }
 
-    /// The contents, after waiting for recorded GPU work.
+    /// The contents, after waiting for recorded GPU work that writes them.
+    ///
+    /// Refused ([`Misuse::Unsupported`]) on devices without concurrent managed access: see
+    /// the type's docs.
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.wait_for_host()?;
+        self.require_concurrent_access()?;
+        self.fence.host_wait(Access::Read)?;
         // SAFETY: `len` initialised elements (zeroed at allocation, `T: Pod`); GPU work that may
-        // write them was waited for, and safe code can queue new writes only through `&mut self`.
+        // write them was waited for, and safe code can queue new writes only through
+        // `&mut self`. The device allows host access while kernels run (checked above).
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
     }
 
-    /// The contents, writable, after waiting for recorded GPU work.
+    /// The contents, writable, after waiting for all recorded GPU work.
+    ///
+    /// Refused ([`Misuse::Unsupported`]) on devices without concurrent managed access.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.wait_for_host()?;
+        self.require_concurrent_access()?;
+        self.fence.host_wait(Access::Write)?;
         // SAFETY: as `as_slice`, and `&mut self` makes the borrow unique.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
-    fn queued(&self, stream: &Stream, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.fence.before(stream)?;
-        f()?;
-        self.fence.record(stream)
+    /// The contents, after waiting for recorded GPU work and, on devices without concurrent
+    /// managed access, for the whole device (`cudaDeviceSynchronize`).
+    ///
+    /// # Safety
+    /// On a device without concurrent managed access, no kernel may be launched on the device
+    /// (by any thread, through any library) while the returned slice lives. On other devices
+    /// this is [`as_slice`](Self::as_slice).
+    pub unsafe fn as_slice_unchecked(&self) -> Result<&[T]> {
+        self.fence.host_wait(Access::Read)?;
+        if !self.concurrent_access {
+            Device::get(self.device)?.synchronize()?;
+        }
+        // SAFETY: as `as_slice`; the caller keeps the device idle while the slice lives.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// The writable form of [`as_slice_unchecked`](Self::as_slice_unchecked).
+    ///
+    /// # Safety
+    /// As for [`as_slice_unchecked`](Self::as_slice_unchecked).
+    pub unsafe fn as_mut_slice_unchecked(&mut self) -> Result<&mut [T]> {
+        self.fence.host_wait(Access::Write)?;
+        if !self.concurrent_access {
+            Device::get(self.device)?.synchronize()?;
+        }
+        // SAFETY: as `as_mut_slice`; the caller keeps the device idle while the slice lives.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    /// Whether the device allows host access while kernels run (read at allocation).
+    pub fn has_concurrent_access(&self) -> bool {
+        self.concurrent_access
+    }
+
+    fn device_addr_impl(&self) -> Result<*const T> {
+        Ok(self.ptr.as_ptr())
+    }
+
+    /// Without concurrent managed access, GPU work may touch the memory only where its
+    /// attachment allows: any stream when global, none when attached to the host, one stream
+    /// when attached to it.
+    fn check_stream_impl(&self, stream: &Stream, op: &'static str) -> Result<()> {
+        if self.concurrent_access {
+            return Ok(());
+        }
+        let reason = match &self.attached {
+            Attached::Global => return Ok(()),
+            Attached::Single(s) if StreamInner::same(s, stream.inner()) => return Ok(()),
+            Attached::Single(_) => {
+                "the managed buffer is attached to another stream (cudaMemAttachSingle), and \
+                 the device lacks concurrent managed access"
+            }
+            Attached::Host => {
+                "the managed buffer is attached to the host (cudaMemAttachHost), and the \
+                 device lacks concurrent managed access: attach it to the stream first"
+            }
+        };
+        Err(Misuse::InvalidArgument {
+            op,
+            reason: reason.to_string(),
+        }
+        .into())
+    }
+
+    fn queued(
+        &self,
+        stream: &Stream,
+        access: Access,
+        op: &'static str,
+        f: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.check_stream_impl(stream, op)?;
+        let _use = self.fence.begin(stream, (0, self.byte_len()), access)?;
+        f()
     }
 
     /// Queues a migration of the whole buffer to `to` on `stream` (`cudaMemPrefetchAsync`).
     pub fn prefetch(&mut self, to: Location, stream: &Stream) -> Result<()> {
         let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
-        self.queued(stream, || {
+        self.queued(stream, Access::Read, "prefetch", || {
             #[cfg(cuda_13)]
             // SAFETY: `p`/`bytes` cover our live managed allocation; the location is valid.
             let code = unsafe {
@@ -291,21 +410,31 @@ impl<T: Pod> ManagedBuffer<T> {
     /// [`Attach::Single`] only work on that stream may touch it.
     pub fn attach(&mut self, stream: &Stream, flags: Attach) -> Result<()> {
         let p = self.ptr.as_ptr();
-        self.queued(stream, || {
+        // Attaching is itself stream work, allowed whatever the current attachment.
+        let _use = self
+            .fence
+            .begin(stream, (0, self.byte_len()), Access::Write)?;
+        {
             // SAFETY: `p` is the start of our live managed allocation; length 0 means all of it.
             let code = unsafe {
                 sys::cudaStreamAttachMemAsync(stream.as_raw(), p.cast(), 0, flags.bits())
             };
             check(code, || {
                 format!("cudaStreamAttachMemAsync({p:p}, {flags:?})")
-            })
-        })
+            })?;
+        }
+        self.attached = match flags {
+            Attach::Global => Attached::Global,
+            Attach::Host => Attached::Host,
+            Attach::Single => Attached::Single(stream.inner().clone()),
+        };
+        Ok(())
     }
 
     /// Queues a byte fill on `stream` (`cudaMemsetAsync`).
     pub fn memset_async(&mut self, byte: u8, stream: &Stream) -> Result<()> {
         let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
-        self.queued(stream, || {
+        self.queued(stream, Access::Write, "memset_async", || {
             // SAFETY: `p`/`bytes` cover our allocation, which waits for `stream` before host
             // access or free (recorded by `queued`).
             let code =
@@ -367,7 +496,7 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     fn release(&self) -> Result<()> {
-        self.fence.wait()?;
+        self.fence.host_wait(Access::Write)?;
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation and never use it after this call.
         check(unsafe { sys::cudaFree(p.cast()) }, || {

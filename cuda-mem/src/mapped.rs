@@ -16,19 +16,20 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{sealed, AsyncMemory, Side};
+use crate::copy::{sealed, Loc};
 use crate::devices::Device;
-use crate::error::{check, Error, Misuse, Result};
+use crate::error::{Misuse, Result};
 use crate::fence::Fence;
-use crate::pinned::{HostAllocFlags, PinnedBuffer};
+use crate::pinned::{host_device_pointer, HostAllocFlags, PinnedBuffer};
 use crate::size;
-use crate::stream::Stream;
 
 /// Pinned host memory mapped into the device address space, freed on drop.
 ///
 /// The CPU side is [`host_ptr`](Self::host_ptr) / [`as_slice`](Self::as_slice), the GPU side
-/// [`device_ptr`](Self::device_ptr). Under unified virtual addressing (every 64-bit platform
-/// CUDA 12 and 13 support) the two are equal.
+/// [`device_address`](Self::device_address); kernels take it through
+/// [`device_ptr`](crate::DevicePtr::device_ptr) / [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut),
+/// which order and record their work. Under unified virtual addressing (every 64-bit platform
+/// CUDA 12 and 13 support) the two addresses are equal.
 pub struct MappedBuffer<T: Pod> {
     host: PinnedBuffer<T>,
     device_ptr: NonNull<T>,
@@ -64,11 +65,7 @@ fn check_device() -> Result<()> {
 
 /// Asks the runtime for the device pointer of a mapped allocation.
 fn device_pointer(host: *mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void> {
-    let mut dev = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; `host` is a live mapped pinned allocation; flags must be 0.
-    let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, host, 0) };
-    check(code, || format!("cudaHostGetDevicePointer({host:p})"))?;
-    Ok(dev)
+    Ok(host_device_pointer(host.cast_const())?.cast_mut())
 }
 
 impl<T: Pod> MappedBuffer<T> {
@@ -82,8 +79,8 @@ impl<T: Pod> MappedBuffer<T> {
     /// allocations.
     ///
     /// # Safety
-    /// The memory is uninitialised: write it (from the host, or from the device followed by
-    /// [`record_use`](Self::record_use)) before reading it through
+    /// The memory is uninitialised: write it (from the host, or from the device through
+    /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut)) before reading it through
     /// [`as_slice`](Self::as_slice).
     pub unsafe fn uninit(len: usize, extra: HostAllocFlags) -> Result<Self> {
         let host = || {
@@ -101,7 +98,7 @@ impl<T: Pod> MappedBuffer<T> {
 
     /// The allocation path, with the device-pointer lookup as a parameter so tests can make it
     /// fail and check that nothing leaks. `uva` requires the two pointers to be equal.
-    fn with_resolver(
+    pub(crate) fn with_resolver(
         len: usize,
         extra: HostAllocFlags,
         uva: bool,
@@ -143,13 +140,15 @@ impl<T: Pod> MappedBuffer<T> {
         self.host.as_ptr()
     }
 
-    /// The GPU address, for kernels.
-    pub fn device_ptr(&self) -> *mut T {
+    /// The GPU address (`cudaHostGetDevicePointer`, looked up once at allocation). A raw
+    /// address: kernels take it from [`device_ptr`](crate::DevicePtr::device_ptr) or
+    /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut), which order and record
+    /// their work.
+    pub fn device_address(&self) -> *const T {
         self.device_ptr.as_ptr()
     }
 
-    /// The contents, after waiting for GPU work recorded on the buffer (see
-    /// [`record_use`](Self::record_use)).
+    /// The contents, after waiting for GPU work recorded on the buffer that writes it.
     pub fn as_slice(&self) -> Result<&[T]> {
         self.host.as_slice()
     }
@@ -157,12 +156,6 @@ impl<T: Pod> MappedBuffer<T> {
     /// The contents, writable, after waiting for recorded GPU work.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         self.host.as_mut_slice()
-    }
-
-    /// Records that work queued on `stream` (e.g. a kernel given [`device_ptr`](Self::device_ptr))
-    /// uses the buffer: host access and drop wait for it.
-    pub fn record_use(&self, stream: &Stream) -> Result<()> {
-        self.host.record_use(stream)
     }
 
     /// The underlying pinned buffer (flags, `cudaHostGetFlags`).
@@ -190,17 +183,17 @@ impl<T: Pod> MappedBuffer<T> {
         self.host.synchronize()
     }
 
-    /// Frees now and reports failure; on failure the buffer comes back.
-    pub fn free(self) -> Result<(), (Self, Error)> {
-        let MappedBuffer { host, device_ptr } = self;
-        host.free()
-            .map_err(|(host, e)| (MappedBuffer { host, device_ptr }, e))
+    /// Frees now and reports failure; on failure the memory is leaked (see
+    /// [`PinnedBuffer::free`]).
+    pub fn free(self) -> Result<()> {
+        self.host.free()
     }
 }
 
 /// Shape 1 of C++ `cudaAllocMapped(void** cpuPtr, void** gpuPtr, size_t size)`: zeroed mapped
 /// memory whose CPU and GPU pointers are [`MappedBuffer::host_ptr`] and
-/// [`MappedBuffer::device_ptr`].
+/// [`MappedBuffer::device_address`] (kernels take the latter through
+/// [`DevicePtr::device_ptr`](crate::DevicePtr::device_ptr), which orders and records them).
 ///
 /// Checks first that the device can map host memory and has unified addressing. Zero length is
 /// [`Misuse::ZeroLength`], as the C++ helper refuses `size == 0`.
@@ -208,7 +201,7 @@ impl<T: Pod> MappedBuffer<T> {
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
 /// let buf = cuda_mem::alloc_mapped::<f32>(1024)?;
-/// let (cpu, gpu) = (buf.host_ptr(), buf.device_ptr());
+/// let (cpu, gpu) = (buf.host_ptr(), buf.device_address());
 /// # let _ = (cpu, gpu); Ok(()) }
 /// ```
 pub fn alloc_mapped<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
@@ -234,23 +227,6 @@ pub fn alloc_mapped_uva<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
     )
 }
 
-/// Test support: [`alloc_mapped_uva`] with the device-pointer lookup replaced, so that tests can
-/// force its failure paths (a lookup error, a pointer mismatch) and check the host allocation
-/// was freed. Not part of the stable API.
-#[doc(hidden)]
-pub fn __alloc_mapped_uva_with<T: Pod>(
-    len: usize,
-    resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
-) -> Result<MappedBuffer<T>> {
-    MappedBuffer::with_resolver(
-        len,
-        HostAllocFlags::DEFAULT,
-        true,
-        resolve,
-        "alloc_mapped_uva",
-    )
-}
-
 impl<T: Pod> sealed::Raw<T> for MappedBuffer<T> {
     fn raw_ptr(&self) -> *const T {
         self.host.as_ptr()
@@ -258,8 +234,8 @@ impl<T: Pod> sealed::Raw<T> for MappedBuffer<T> {
     fn raw_len(&self) -> usize {
         self.host.len()
     }
-    fn side(&self) -> Side {
-        Side::Host
+    fn loc(&self) -> Loc {
+        Loc::Pinned
     }
     fn fence(&self) -> Option<&Fence> {
         sealed::Raw::fence(&self.host)
@@ -272,4 +248,11 @@ impl<T: Pod> sealed::RawMut<T> for MappedBuffer<T> {
     }
 }
 
-impl<T: Pod> AsyncMemory<T> for MappedBuffer<T> {}
+impl<T: Pod> sealed::Async<T> for MappedBuffer<T> {
+    fn device_addr(&self) -> Result<*const T> {
+        Ok(self.device_ptr.as_ptr())
+    }
+    fn async_fence(&self) -> &Fence {
+        sealed::Async::async_fence(&self.host)
+    }
+}

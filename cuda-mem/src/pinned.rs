@@ -14,11 +14,12 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::buffer::impl_buffer;
-use crate::copy::Side;
+use crate::copy::Loc;
 use crate::error::{check, Misuse, Result};
-use crate::fence::Fence;
+use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
 use crate::size::{self, fmt_bytes};
+use crate::stream::Stream;
 
 flag_set! {
     /// Flags of `cudaHostAlloc`, OR-able with `|`.
@@ -69,7 +70,18 @@ unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
 // read-only copies, so sharing it shares `&T`, sound when `T: Sync`.
 unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
 
-impl_buffer!(PinnedBuffer, Side::Host, "The host address.");
+impl_buffer!(PinnedBuffer, Loc::Pinned, "The host address.");
+
+/// The device address of page-locked host memory (`cudaHostGetDevicePointer`): for memory
+/// allocated or registered MAPPED, or any pinned memory under unified addressing.
+pub(crate) fn host_device_pointer<T>(p: *const T) -> Result<*const T> {
+    let mut dev = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the runtime checks that `p` is page-locked memory and
+    // answers an error otherwise; flags must be 0.
+    let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, p.cast_mut().cast(), 0) };
+    check(code, || format!("cudaHostGetDevicePointer({p:p})"))?;
+    Ok(dev.cast_const().cast())
+}
 
 impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -189,47 +201,44 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(flags)
     }
 
-    /// The device address of this allocation (`cudaHostGetDevicePointer`): for memory
-    /// allocated with MAPPED, or any pinned memory under unified addressing. Kernels given it
-    /// must be recorded with [`record_use`](Self::record_use).
-    pub fn device_ptr(&self) -> Result<*mut T> {
-        let mut dev = std::ptr::null_mut();
-        let p = self.ptr.as_ptr();
-        // SAFETY: valid out-pointer; `p` is a live pinned allocation; flags must be 0.
-        let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, p.cast(), 0) };
-        check(code, || format!("cudaHostGetDevicePointer({p:p})"))?;
-        Ok(dev.cast())
-    }
-
     /// Whether the memory is write-combined: reading it from the CPU is very slow.
     pub fn is_write_combined(&self) -> bool {
         self.flags.contains(HostAllocFlags::WRITE_COMBINED)
     }
 
-    /// The contents, after waiting for queued GPU work on the buffer.
+    /// The contents, after waiting for queued GPU work that writes the buffer (work that only
+    /// reads it may go on: neither side changes the memory).
     ///
     /// On write-combined memory this read is uncached and very slow; see
     /// [`HostAllocFlags::WRITE_COMBINED`].
     pub fn as_slice(&self) -> Result<&[T]> {
-        self.fence.wait()?;
+        self.fence.host_wait(Access::Read)?;
         // SAFETY: the allocation holds `len` initialised elements (zeroed or written by the
         // constructor or by the GPU, and `T: Pod`); GPU work that may write it was waited for
-        // above, and safe code can queue new writes only through `&mut self` (copy_async's
-        // destination), impossible while this shared borrow lives. The borrow keeps the memory
-        // alive.
+        // above, and safe code can queue new writes only through `&mut self` (a copy's
+        // destination, `device_ptr_mut`), impossible while this shared borrow lives. The
+        // borrow keeps the memory alive.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
     }
 
-    /// The contents, writable, after waiting for queued GPU work on the buffer.
+    /// The contents, writable, after waiting for all queued GPU work on the buffer.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.wait()?;
+        self.fence.host_wait(Access::Write)?;
         // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique, and no GPU work that
         // uses the buffer can be queued through safe code while it lives.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
+    fn device_addr_impl(&self) -> Result<*const T> {
+        host_device_pointer(self.ptr.as_ptr())
+    }
+
+    fn check_stream_impl(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
+        Ok(())
+    }
+
     fn release(&self) -> Result<()> {
-        self.fence.wait()?;
+        self.fence.host_wait(Access::Write)?;
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation and never use it after this call.
         check(unsafe { sys::cudaFreeHost(p.cast()) }, || {

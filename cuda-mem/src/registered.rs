@@ -5,17 +5,18 @@
 //! pinned buffer; it still costs milliseconds per hundred MiB, so register long-lived buffers.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{sealed, AsyncMemory, Side};
-use crate::error::{check, Error, Misuse, Result};
-use crate::fence::Fence;
+use crate::copy::{sealed, Loc};
+use crate::error::{check, Misuse, Result};
+use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
+use crate::pinned::host_device_pointer;
 use crate::size::{self, fmt_bytes};
-use crate::stream::Stream;
 
 flag_set! {
     /// Flags of `cudaHostRegister`, OR-able with `|`.
@@ -36,7 +37,6 @@ struct Registration<T> {
     ptr: NonNull<T>,
     len: usize,
     flags: HostRegisterFlags,
-    fence: Fence,
 }
 
 impl<T: Pod> Registration<T> {
@@ -61,50 +61,38 @@ impl<T: Pod> Registration<T> {
             ptr: NonNull::from(slice).cast(),
             len: bytes / std::mem::size_of::<T>(),
             flags,
-            fence: Fence::default(),
         })
     }
 
-    fn device_ptr(&self) -> Result<*mut T> {
-        let mut dev = std::ptr::null_mut();
+    /// `cudaHostUnregister`. Callers make sure no queued work still uses the range.
+    fn unregister(&self) -> Result<()> {
         let p = self.ptr.as_ptr();
-        // SAFETY: valid out-pointer; `p` is our live registered range; flags must be 0.
-        let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, p.cast(), 0) };
-        check(code, || format!("cudaHostGetDevicePointer({p:p})"))?;
-        Ok(dev.cast())
-    }
-
-    fn as_slice(&self) -> Result<&[T]> {
-        self.fence.wait()?;
-        // SAFETY: the range is memory the owner keeps alive and initialised; GPU work that may
-        // write it was waited for, and new writes need `&mut self`.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
-    }
-
-    fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.wait()?;
-        // SAFETY: as `as_slice`, with `&mut self` making the borrow unique.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
-    }
-
-    fn release(&self) -> Result<()> {
-        self.fence.wait()?;
-        let p = self.ptr.as_ptr();
-        // SAFETY: `p` is the start of a range we registered; it is not used as registered after.
+        // SAFETY: `p` is the start of a range we registered; callers stop treating it as
+        // registered afterwards, whatever the outcome.
         check(unsafe { sys::cudaHostUnregister(p.cast()) }, || {
             format!("cudaHostUnregister({p:p})")
         })
     }
-}
 
-impl<T> Drop for Registration<T> {
-    fn drop(&mut self) {
-        // Drop never panics; errors (exit-time unloading, sticky errors) are ignored. If the
-        // fence wait fails the GPU context is gone, so no DMA can still touch the memory.
-        let _ = self.fence.wait();
-        let p = self.ptr.as_ptr();
-        // SAFETY: as in `release`.
-        unsafe { sys::cudaHostUnregister(p.cast()) };
+    /// Refuses device writes to a `READ_ONLY` registration.
+    fn check_device_writable(&self, op: &'static str) -> Result<()> {
+        if self.flags.contains(HostRegisterFlags::READ_ONLY) {
+            Err(Misuse::ReadOnlyDestination { op }.into())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn slice(&self) -> &[T] {
+        // SAFETY: the range is memory the owner keeps alive and initialised (`T: Pod`); callers
+        // have waited for GPU work that may write it, and new writes need `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn slice_mut(&mut self) -> &mut [T] {
+        // SAFETY: as `slice`; callers have waited for all GPU work, and `&mut self` makes the
+        // borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -121,9 +109,10 @@ impl<T> fmt::Debug for Registration<T> {
 /// A borrowed host slice pinned in place for as long as this value lives.
 ///
 /// The mutable borrow keeps the memory from being freed, reallocated (a `Vec` cannot grow) or
-/// touched behind the registration's back. Copies to and from it are synchronous only: if an
-/// asynchronous copy could be pending, `std::mem::forget` on this value would end the borrow
-/// while DMA still runs. For asynchronous copies, move the `Vec` into a [`RegisteredVec`].
+/// touched behind the registration's back. Copies to and from it are synchronous only, and
+/// complete before they return: if an asynchronous copy could be pending, `std::mem::forget`
+/// on this value would end the borrow while DMA still runs. For asynchronous copies, move the
+/// `Vec` into a [`RegisteredVec`].
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
@@ -143,7 +132,7 @@ pub struct RegisteredSlice<'a, T: Pod> {
 
 // SAFETY: the value stands for a `&'a mut [T]`, which is `Send` when `T: Send`.
 unsafe impl<T: Pod + Send> Send for RegisteredSlice<'_, T> {}
-// SAFETY: shared access yields `&[T]` after the mutex-protected fence wait, like `&&mut [T]`.
+// SAFETY: shared access yields `&[T]`, like `&&mut [T]`, sound when `T: Sync`.
 unsafe impl<T: Pod + Sync> Sync for RegisteredSlice<'_, T> {}
 
 impl<'a, T: Pod> RegisteredSlice<'a, T> {
@@ -159,31 +148,48 @@ impl<'a, T: Pod> RegisteredSlice<'a, T> {
         })
     }
 
-    /// Unregisters now and reports failure; on failure the registration comes back.
-    pub fn unregister(self) -> Result<(), (Self, Error)> {
-        match self.reg.release() {
-            Ok(()) => {
-                let mut me = std::mem::ManuallyDrop::new(self);
-                // SAFETY: `me` is never used again; the registration is undone, so only its
-                // fence is dropped.
-                unsafe { std::ptr::drop_in_place(&mut me.reg.fence) };
-                Ok(())
-            }
-            Err(e) => Err((self, e)),
-        }
+    /// No fence: copies with a registered slice complete before they return.
+    fn fence_opt(&self) -> Option<&Fence> {
+        None
+    }
+
+    /// Unregisters now and reports failure, which drop ignores. The borrow ends either way.
+    pub fn unregister(self) -> Result<()> {
+        let me = std::mem::ManuallyDrop::new(self);
+        me.reg.unregister()
+    }
+
+    /// The contents. No GPU work can be pending (copies with a registered slice complete
+    /// before they return), so this never waits; the `Result` matches the other kinds.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        Ok(self.reg.slice())
+    }
+
+    /// The contents, writable.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        Ok(self.reg.slice_mut())
     }
 }
 
-/// A `Vec` moved in and pinned in place; asynchronous copies may use it.
+impl<T: Pod> Drop for RegisteredSlice<'_, T> {
+    fn drop(&mut self) {
+        // Drop never panics; errors (exit-time unloading, sticky errors) are ignored. No work
+        // can be pending (synchronous copies only).
+        let _ = self.reg.unregister();
+    }
+}
+
+/// A `Vec` moved in and pinned in place; asynchronous copies and kernels may use it.
 ///
 /// Owning the `Vec` makes asynchronous use sound: the memory cannot be freed before this value
 /// drops (which waits for pending work, then unregisters, then frees the `Vec`), and leaking it
-/// leaks the memory instead of freeing it under running DMA.
+/// leaks the memory instead of freeing it under running DMA. When the wait or the unregistration
+/// fails, drop leaks the `Vec` rather than free memory the device may still use.
 #[derive(Debug)]
 pub struct RegisteredVec<T: Pod> {
-    // Field order matters: the registration (which waits and unregisters) drops first.
     reg: Registration<T>,
-    vec: Vec<T>,
+    fence: Fence,
+    vec: ManuallyDrop<Vec<T>>,
 }
 
 // SAFETY: owns a `Vec<T>` plus a registration of its heap buffer, which moving does not move.
@@ -195,58 +201,78 @@ impl<T: Pod> RegisteredVec<T> {
     /// Pins the `Vec`'s elements in place with `cudaHostRegister(flags)`.
     pub fn register(mut vec: Vec<T>, flags: HostRegisterFlags) -> Result<Self> {
         let reg = Registration::new(&mut vec, flags, "RegisteredVec::register")?;
-        Ok(RegisteredVec { reg, vec })
+        Ok(RegisteredVec {
+            reg,
+            fence: Fence::default(),
+            vec: ManuallyDrop::new(vec),
+        })
     }
 
     /// Waits for pending work, unregisters, and gives the `Vec` back.
-    pub fn into_vec(self) -> Result<Vec<T>, (Self, Error)> {
-        if let Err(e) = self.reg.release() {
-            return Err((self, e));
-        }
-        let mut me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never used or dropped again. The Vec is moved out; of the
-        // registration, already undone by `release`, only the fence (an event) is dropped.
+    ///
+    /// On failure the `Vec` is leaked, never handed back: pending work could not be waited
+    /// for (it may still use the memory), or the memory could not be unregistered.
+    pub fn into_vec(self) -> Result<Vec<T>> {
+        let mut me = ManuallyDrop::new(self);
+        let result = me
+            .fence
+            .host_wait(Access::Write)
+            .and_then(|()| me.reg.unregister());
+        // SAFETY: `me` is never used or dropped again. The fence is dropped once, here; the
+        // Vec is moved out only when its memory is unused and unregistered (else leaked).
         unsafe {
-            std::ptr::drop_in_place(&mut me.reg.fence);
-            Ok(std::ptr::read(&me.vec))
+            std::ptr::drop_in_place(&mut me.fence);
+            result.map(|()| ManuallyDrop::take(&mut me.vec))
         }
     }
 
-    /// Records that work queued on `stream` uses the memory: host access and drop wait for it.
-    pub fn record_use(&self, stream: &Stream) -> Result<()> {
-        self.reg.fence.before(stream)?;
-        self.reg.fence.record(stream)
+    fn fence_opt(&self) -> Option<&Fence> {
+        Some(&self.fence)
     }
 
     /// Waits for all pending work recorded on this buffer.
     pub fn synchronize(&self) -> Result<()> {
-        self.reg.fence.wait()
+        self.fence.host_wait(Access::Write)
+    }
+
+    /// The contents, after waiting for recorded GPU work that writes them.
+    pub fn as_slice(&self) -> Result<&[T]> {
+        self.fence.host_wait(Access::Read)?;
+        Ok(self.reg.slice())
+    }
+
+    /// The contents, writable, after waiting for all recorded GPU work.
+    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.fence.host_wait(Access::Write)?;
+        Ok(self.reg.slice_mut())
+    }
+
+    /// The host address, writable. Writing through it while GPU work on the buffer is pending
+    /// is the caller's responsibility.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.reg.ptr.as_ptr()
     }
 }
 
-/// For the two registered kinds: the sealed copy traits and the accessors that delegate to
-/// their [`Registration`].
+impl<T: Pod> Drop for RegisteredVec<T> {
+    fn drop(&mut self) {
+        // Drop never panics. Leak rather than free when in doubt: if pending work cannot be
+        // waited for, or the range cannot be unregistered, the `Vec` is not freed.
+        if self.fence.host_wait(Access::Write).is_ok() && self.reg.unregister().is_ok() {
+            // SAFETY: dropped once, here; the memory is no longer registered or used.
+            unsafe { ManuallyDrop::drop(&mut self.vec) };
+        }
+    }
+}
+
+/// For the two registered kinds: the accessors that delegate to their [`Registration`], and
+/// the sealed copy traits.
 macro_rules! impl_registered_memory {
     ($ty:ty, $($gen:tt)*) => {
         impl<$($gen)*> $ty {
             /// The flags of the registration.
             pub fn flags(&self) -> HostRegisterFlags {
                 self.reg.flags
-            }
-
-            /// The device address of MAPPED registrations (`cudaHostGetDevicePointer`).
-            pub fn device_ptr(&self) -> Result<*mut T> {
-                self.reg.device_ptr()
-            }
-
-            /// The contents, after waiting for recorded GPU work.
-            pub fn as_slice(&self) -> Result<&[T]> {
-                self.reg.as_slice()
-            }
-
-            /// The contents, writable, after waiting for recorded GPU work.
-            pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-                self.reg.as_mut_slice()
             }
 
             /// The host address.
@@ -277,20 +303,31 @@ macro_rules! impl_registered_memory {
             fn raw_len(&self) -> usize {
                 self.reg.len
             }
-            fn side(&self) -> Side {
-                Side::Host
+            fn loc(&self) -> Loc {
+                Loc::Pinned
             }
             fn fence(&self) -> Option<&Fence> {
-                Some(&self.reg.fence)
+                self.fence_opt()
             }
         }
         impl<$($gen)*> sealed::RawMut<T> for $ty {
             fn raw_mut_ptr(&mut self) -> *mut T {
                 self.reg.ptr.as_ptr()
             }
+            fn check_device_writable(&self, op: &'static str) -> Result<()> {
+                self.reg.check_device_writable(op)
+            }
         }
     };
 }
 impl_registered_memory!(RegisteredSlice<'_, T>, T: Pod);
 impl_registered_memory!(RegisteredVec<T>, T: Pod);
-impl<T: Pod> AsyncMemory<T> for RegisteredVec<T> {}
+
+impl<T: Pod> sealed::Async<T> for RegisteredVec<T> {
+    fn device_addr(&self) -> Result<*const T> {
+        host_device_pointer(self.reg.ptr.as_ptr())
+    }
+    fn async_fence(&self) -> &Fence {
+        &self.fence
+    }
+}

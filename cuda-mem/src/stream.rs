@@ -1,89 +1,172 @@
-//! Streams: ordered queues of asynchronous GPU work.
+//! Streams: ordered queues of asynchronous GPU work, each bound to one device.
 
+use std::fmt;
 use std::ptr;
+use std::sync::Arc;
 
 use cuda_mem_sys as sys;
 
-use crate::error::{check, check_call, Result};
+use crate::devices::Device;
+use crate::error::{check, check_call, clear_not_ready, Result};
 
-/// A CUDA stream, destroyed on drop. The null stream ([`Stream::legacy_default`]) is never
-/// destroyed.
-///
-/// Destroying a stream with work still queued is allowed: the runtime releases it once that
-/// work completes, so dropping never blocks on it. Memory that queued work uses is protected by
-/// the buffers themselves (each waits on its pending work before host access or free).
-#[derive(Debug)]
-pub struct Stream {
+/// The shared part of a [`Stream`]: fences keep a clone, so that a stream whose buffers still
+/// have work recorded on them is destroyed only once that bookkeeping is gone.
+pub(crate) struct StreamInner {
     raw: sys::cudaStream_t,
     owned: bool,
+    device: i32,
 }
 
-// SAFETY: a cudaStream_t is a handle that the runtime allows to be used from any thread, and
-// concurrently from several (the runtime API is thread-safe); `Stream` holds no thread-bound
-// state.
-unsafe impl Send for Stream {}
-// SAFETY: every method takes `&self` and only passes the handle to thread-safe runtime calls.
-unsafe impl Sync for Stream {}
+// SAFETY: a cudaStream_t is a handle the runtime allows to be used from any thread, and
+// concurrently from several (the runtime API is thread-safe); nothing here is thread-bound.
+unsafe impl Send for StreamInner {}
+// SAFETY: only read after construction, and passed to thread-safe runtime calls.
+unsafe impl Sync for StreamInner {}
+
+impl StreamInner {
+    pub(crate) fn raw(&self) -> sys::cudaStream_t {
+        self.raw
+    }
+
+    pub(crate) fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Whether two handles name the same stream: the same handle on the same device (the
+    /// legacy default stream is one per device).
+    pub(crate) fn same(a: &StreamInner, b: &StreamInner) -> bool {
+        a.raw == b.raw && a.device == b.device
+    }
+}
+
+impl fmt::Debug for StreamInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {:p} on device {}", self.raw, self.device)
+    }
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: we own the handle and destroy it once, when the last clone goes. Errors
+            // (cudaErrorCudartUnloading at exit, a sticky context error) are ignored: drop
+            // must not panic.
+            unsafe { sys::cudaStreamDestroy(self.raw) };
+        }
+    }
+}
+
+/// A CUDA stream on one device, destroyed on drop. The legacy default (null) stream
+/// ([`Stream::legacy_default`]) is never destroyed.
+///
+/// A stream knows its device: the fence events that track work on it are created there. Work
+/// queued on a stream may touch memory of another device only where CUDA allows it (peer
+/// access); the runtime reports what it refuses.
+///
+/// Destroying a stream with work still queued is allowed: the runtime releases it once that
+/// work completes, so dropping never blocks on it. Buffers that have work recorded on the stream
+/// keep the handle alive until they no longer need it.
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({:?})", self.inner)
+    }
+}
 
 impl Stream {
-    /// A new stream that synchronizes with the legacy default stream
+    /// A new stream on the current device that synchronizes with the legacy default stream
     /// (`cudaStreamCreateWithFlags(cudaStreamDefault)`).
     pub fn new() -> Result<Self> {
         Self::with_flags(sys::cudaStreamDefault, "cudaStreamCreate(DEFAULT)")
     }
 
-    /// A new stream that does not synchronize with the legacy default stream
-    /// (`cudaStreamNonBlocking`).
+    /// A new stream on the current device that does not synchronize with the legacy default
+    /// stream (`cudaStreamNonBlocking`).
     pub fn non_blocking() -> Result<Self> {
         Self::with_flags(sys::cudaStreamNonBlocking, "cudaStreamCreate(NON_BLOCKING)")
     }
 
+    /// A new stream on `device` (made current for the call only); `non_blocking` as
+    /// [`Stream::non_blocking`].
+    pub fn on(device: Device, non_blocking: bool) -> Result<Self> {
+        let _g = device.guard()?;
+        if non_blocking {
+            Self::non_blocking()
+        } else {
+            Self::new()
+        }
+    }
+
     fn with_flags(flags: u32, call: &'static str) -> Result<Self> {
+        let device = Device::current()?.ordinal();
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; flags are one of the two documented values.
         let code = unsafe { sys::cudaStreamCreateWithFlags(&mut raw, flags) };
         check_call(code, call)?;
-        Ok(Stream { raw, owned: true })
+        Ok(Stream {
+            inner: Arc::new(StreamInner {
+                raw,
+                owned: true,
+                device,
+            }),
+        })
     }
 
-    /// The legacy default (null) stream. Not destroyed on drop.
+    /// The legacy default (null) stream of the current device (device 0 when the runtime
+    /// cannot say). Not destroyed on drop.
     pub fn legacy_default() -> Self {
+        Self::legacy_on(crate::devices::current_ordinal())
+    }
+
+    /// The legacy default stream of device `device` (the caller knows it exists).
+    pub(crate) fn legacy_on(device: i32) -> Self {
         Stream {
-            raw: ptr::null_mut(),
-            owned: false,
+            inner: Arc::new(StreamInner {
+                raw: ptr::null_mut(),
+                owned: false,
+                device,
+            }),
         }
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> Device {
+        Device::from_ordinal_unchecked(self.inner.device)
     }
 
     /// Waits until all work queued on the stream has completed.
     pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: `raw` is a live stream handle (or the null stream).
-        check(unsafe { sys::cudaStreamSynchronize(self.raw) }, || {
-            format!("cudaStreamSynchronize({:p})", self.raw)
-        })
+        sync_stream(&self.inner)
     }
 
-    /// Whether all queued work has completed, without waiting.
+    /// Whether all queued work has completed, without waiting. A not-ready answer leaves the
+    /// runtime's last-error state clean (`cudaSuccess`).
     pub fn is_idle(&self) -> Result<bool> {
         // SAFETY: `raw` is a live stream handle (or the null stream).
-        let code = unsafe { sys::cudaStreamQuery(self.raw) };
-        if code == sys::cudaError::cudaErrorNotReady {
+        let code = unsafe { sys::cudaStreamQuery(self.inner.raw) };
+        if clear_not_ready(code) {
             return Ok(false);
         }
-        check(code, || format!("cudaStreamQuery({:p})", self.raw)).map(|()| true)
+        check(code, || format!("cudaStreamQuery({:p})", self.inner.raw)).map(|()| true)
     }
 
     /// The raw handle, for calls this crate does not wrap. Stays owned by `self`.
     pub fn as_raw(&self) -> sys::cudaStream_t {
-        self.raw
+        self.inner.raw
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<StreamInner> {
+        &self.inner
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        if self.owned {
-            // SAFETY: we own the handle and destroy it once. Errors (e.g. cudaErrorCudartUnloading
-            // at exit, or a sticky context error) are ignored: drop must not panic.
-            unsafe { sys::cudaStreamDestroy(self.raw) };
-        }
-    }
+/// `cudaStreamSynchronize`.
+pub(crate) fn sync_stream(s: &StreamInner) -> Result<()> {
+    // SAFETY: `raw` is a live stream handle (kept alive by the caller's borrow), or null.
+    check(unsafe { sys::cudaStreamSynchronize(s.raw) }, || {
+        format!("cudaStreamSynchronize({:p})", s.raw)
+    })
 }

@@ -25,7 +25,7 @@ fn note(kind: &str) -> Option<&'static str> {
 fn ours(kind: &str, bytes: usize, host: &mut [u8]) -> Result<()> {
     let len = bytes / 8;
     match kind {
-        "device" => DeviceBuffer::<u64>::uninit(len)?.free().map_err(|(_, e)| e),
+        "device" => DeviceBuffer::<u64>::uninit(len)?.free(),
         "pinned" | "write_combined" => {
             let flags = if kind == "pinned" {
                 HostAllocFlags::DEFAULT
@@ -34,21 +34,19 @@ fn ours(kind: &str, bytes: usize, host: &mut [u8]) -> Result<()> {
             };
             // SAFETY: the uninitialised memory is never read; it is freed at once.
             let buf = unsafe { PinnedBuffer::<u64>::uninit(len, flags)? };
-            buf.free().map_err(|(_, e)| e)
+            buf.free()
         }
         "mapped" => {
             // SAFETY: the uninitialised memory is never read; it is freed at once.
             let buf = unsafe { MappedBuffer::<u64>::uninit(len, HostAllocFlags::DEFAULT)? };
-            buf.free().map_err(|(_, e)| e)
+            buf.free()
         }
         "managed" => {
             // SAFETY: as above.
             let buf = unsafe { ManagedBuffer::<u64>::uninit(len, Attach::Global)? };
-            buf.free().map_err(|(_, e)| e)
+            buf.free()
         }
-        _ => RegisteredSlice::register(host, HostRegisterFlags::DEFAULT)?
-            .unregister()
-            .map_err(|(_, e)| e),
+        _ => RegisteredSlice::register(host, HostRegisterFlags::DEFAULT)?.unregister(),
     }
 }
 

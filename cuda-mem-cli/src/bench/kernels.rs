@@ -132,7 +132,7 @@ fn device(kit: &Kit, bytes: u64, res: &mut BenchResults) -> Result<()> {
 
 fn mapped(kit: &Kit, bytes: u64, res: &mut BenchResults) -> Result<()> {
     let buf = alloc_mapped::<u64>((bytes / 8) as usize)?;
-    let p = buf.device_ptr().cast();
+    let p = buf.device_address().cast_mut().cast();
     let read = kit.read(p, bytes, || Ok(()))?;
     let write = kit.write(p, bytes, || Ok(()))?;
     res.kernels

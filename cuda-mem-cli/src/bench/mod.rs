@@ -17,7 +17,7 @@ mod raw;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use cuda_mem::{alloc_mapped, Device, Event, MappedBuffer, Misuse, Result, Stream};
+use cuda_mem::{alloc_mapped, Device, DevicePtr as _, Event, MappedBuffer, Misuse, Result, Stream};
 use cuda_mem_probes::Probes;
 
 use crate::args::{BenchArgs, Output};
@@ -110,16 +110,13 @@ impl Gate {
         // the flag is armed again.
         self.flag.pinned().synchronize()?;
         self.flag().store(0, Ordering::SeqCst);
-        // SAFETY: the flag is device-accessible mapped memory that lives as long as `self`,
-        // and the launch is recorded on its fence below, so it is not freed while the kernel
-        // runs.
-        unsafe {
-            self.probes
-                .wait(self.flag.device_ptr(), 10_000_000_000, stream)?
-        };
-        let held = Held(self);
-        self.flag.record_use(stream)?;
-        Ok(held)
+        let flag = self.flag.device_ptr(stream)?;
+        // SAFETY: `flag` is the device address of mapped memory that lives as long as `self`,
+        // used on the guard's stream while it lives; the guard records the launch on the
+        // flag's fence, so it is not freed while the kernel runs.
+        unsafe { self.probes.wait(flag.as_ptr(), 10_000_000_000, stream)? };
+        drop(flag);
+        Ok(Held(self))
     }
 }
 

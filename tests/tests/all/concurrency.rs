@@ -35,7 +35,7 @@ fn one_round(thread: u32, round: u32, stream: &Stream) {
     );
     assert!(pinned.as_slice().unwrap() == &data[..]);
     assert!(managed.as_slice().unwrap() == &data[..]);
-    let back = reg.into_vec().map_err(|(_, e)| e).unwrap();
+    let back = reg.into_vec().unwrap();
     assert!(back == data);
 }
 

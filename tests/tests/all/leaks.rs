@@ -100,10 +100,6 @@ fn allocate_free_cycles_return_to_the_starting_level() {
     });
     // Explicit free takes the same path as drop.
     run("device 1 MiB, explicit free", dev, || {
-        DeviceBuffer::<u8>::uninit(1 << 20)
-            .unwrap()
-            .free()
-            .map_err(|(_, e)| e)
-            .unwrap()
+        DeviceBuffer::<u8>::uninit(1 << 20).unwrap().free().unwrap()
     });
 }

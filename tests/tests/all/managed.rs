@@ -1,6 +1,7 @@
 //! Managed memory on the GPU: device writes read on the host, prefetch and its range
 //! attribute, advice, stream attach, and the free-memory guard.
 
+use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{
     pointer_info, Advice, Attach, Error, Location, ManagedBuffer, Misuse, PointerKind, Stream,
 };
@@ -18,13 +19,17 @@ fn set_on_the_device_read_on_the_host() {
 
     // A kernel writes through the same pointer; host access waits for it.
     let probes = Probes::load().unwrap();
-    // SAFETY: the buffer holds 4 MiB (multiple of 16 bytes); the launch is recorded on it.
-    unsafe {
-        probes
-            .write(m.as_mut_ptr().cast(), m.byte_len(), &stream)
-            .unwrap()
-    };
-    m.record_use(&stream).unwrap();
+    let bytes = m.byte_len();
+    {
+        let out = m.device_ptr_mut(&stream).unwrap();
+        // SAFETY: the buffer holds 4 MiB (multiple of 16 bytes), used on the guard's stream
+        // while the guard lives; the guard records the launch.
+        unsafe {
+            probes
+                .write(out.as_mut_ptr().cast(), bytes, &stream)
+                .unwrap()
+        };
+    }
     for (i, w) in m.as_slice().unwrap().chunks(4).enumerate() {
         assert_eq!(w, [i as u32; 4]);
     }
@@ -89,7 +94,7 @@ fn host_attached_then_attached_to_a_stream() {
     m.memset_async(1, &stream).unwrap();
     assert!(m.as_slice().unwrap().iter().all(|&w| w == 0x0101_0101));
     m.attach(&stream, Attach::Global).unwrap();
-    m.free().map_err(|(_, e)| e).unwrap();
+    m.free().unwrap();
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! Zero-copy mapped memory on the GPU: both `cudaAllocMapped` shapes, device writes seen on the
 //! host, and no leak on any error path.
 
+use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{
-    __alloc_mapped_uva_with, alloc_mapped, alloc_mapped_uva, pointer_info, sys, Error, ErrorCode,
-    HostAllocFlags, MappedBuffer, Misuse, PointerKind, Stream,
+    alloc_mapped, alloc_mapped_uva, pointer_info, sys, Error, ErrorCode, HostAllocFlags,
+    MappedBuffer, Misuse, PointerKind, Stream,
 };
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::gpu_or_skip;
@@ -13,7 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 fn pair_shape_gives_cpu_and_gpu_pointers_and_device_memset_is_seen() {
     gpu_or_skip!();
     let buf = alloc_mapped::<u8>(1 << 20).unwrap();
-    assert_eq!(buf.host_ptr() as usize, buf.device_ptr() as usize, "UVA");
+    assert_eq!(
+        buf.host_ptr() as usize,
+        buf.device_address() as usize,
+        "UVA"
+    );
     assert!(
         buf.as_slice().unwrap().iter().all(|&b| b == 0),
         "zeroed like the C++ helper"
@@ -26,7 +31,7 @@ fn pair_shape_gives_cpu_and_gpu_pointers_and_device_memset_is_seen() {
     );
     // cudaMemset through the device pointer, read on the CPU.
     // SAFETY: the device pointer covers 1 MiB; the device is synchronized before reading.
-    let code = unsafe { sys::cudaMemset(buf.device_ptr().cast(), 0x3c, 1 << 20) };
+    let code = unsafe { sys::cudaMemset(buf.device_address().cast_mut().cast(), 0x3c, 1 << 20) };
     assert_eq!(code, sys::cudaError::cudaSuccess);
     // SAFETY: no arguments.
     let code = unsafe { sys::cudaDeviceSynchronize() };
@@ -41,14 +46,18 @@ fn kernel_writes_through_the_device_pointer_are_read_on_the_host() {
     let stream = Stream::non_blocking().unwrap();
     let mut buf = alloc_mapped_uva::<u32>(4 * 65_536).unwrap();
     buf.as_mut_slice().unwrap().fill(0xffff_ffff);
-    // SAFETY: the device pointer covers the buffer (a multiple of 16 bytes); the launch is
-    // recorded on the buffer, so host access below waits for it.
-    unsafe {
-        probes
-            .write(buf.device_ptr().cast(), buf.len() * 4, &stream)
-            .unwrap()
-    };
-    buf.record_use(&stream).unwrap();
+    let bytes = buf.byte_len();
+    {
+        let out = buf.device_ptr_mut(&stream).unwrap();
+        // SAFETY: the device pointer covers the buffer (a multiple of 16 bytes), used on the
+        // guard's stream while it lives; the guard records the launch, so host access below
+        // waits for it.
+        unsafe {
+            probes
+                .write(out.as_mut_ptr().cast(), bytes, &stream)
+                .unwrap()
+        };
+    }
     let host = buf.as_slice().unwrap();
     for (i, w) in host.chunks(4).enumerate() {
         assert_eq!(w, [i as u32; 4], "word {i}");
@@ -66,7 +75,7 @@ fn extra_flags_are_kept() {
     let want =
         sys::cudaHostAllocMapped | sys::cudaHostAllocPortable | sys::cudaHostAllocWriteCombined;
     assert_eq!(buf.pinned().runtime_flags().unwrap() & want, want);
-    buf.free().map_err(|(_, e)| e).unwrap();
+    buf.free().unwrap();
 }
 
 /// The C++ helper leaks the host allocation when `cudaHostGetDevicePointer` fails or the
@@ -77,7 +86,7 @@ fn error_paths_free_the_allocation() {
     static SEEN: AtomicUsize = AtomicUsize::new(0);
 
     // 1. The device-pointer lookup fails.
-    let e = __alloc_mapped_uva_with::<u8>(1 << 20, |host| {
+    let e = cuda_mem::testing::alloc_mapped_uva_with::<u8>(1 << 20, |host| {
         SEEN.store(host as usize, Ordering::SeqCst);
         Err(Error::Cuda {
             code: ErrorCode::INVALID_VALUE,
@@ -95,7 +104,7 @@ fn error_paths_free_the_allocation() {
     );
 
     // 2. The pointers differ under UVA.
-    let e = __alloc_mapped_uva_with::<u8>(1 << 20, |host| {
+    let e = cuda_mem::testing::alloc_mapped_uva_with::<u8>(1 << 20, |host| {
         SEEN.store(host as usize, Ordering::SeqCst);
         Ok((host as usize + 4096) as *mut std::os::raw::c_void)
     })
@@ -115,7 +124,7 @@ fn error_paths_free_the_allocation() {
     );
 
     // 3. The lookup returns null.
-    let e = __alloc_mapped_uva_with::<u8>(4096, |host| {
+    let e = cuda_mem::testing::alloc_mapped_uva_with::<u8>(4096, |host| {
         SEEN.store(host as usize, Ordering::SeqCst);
         Ok(std::ptr::null_mut())
     })

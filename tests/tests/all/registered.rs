@@ -1,6 +1,7 @@
 //! Registered host memory on the GPU: pinned in place, pointer kinds, double registration,
 //! mapped registrations and asynchronous copies from an owned `Vec`.
 
+use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{
     copy, copy_async, pointer_info, sys, DeviceBuffer, ErrorCode, HostRegisterFlags, PointerKind,
     RegisteredSlice, RegisteredVec, Stream,
@@ -45,30 +46,29 @@ fn double_registration_is_the_runtime_error() {
     );
     // SAFETY: no arguments; clears the error just returned.
     unsafe { sys::cudaGetLastError() };
-    reg.unregister().map_err(|(_, e)| e).unwrap();
+    reg.unregister().unwrap();
 }
 
 #[test]
 fn mapped_registration_has_a_device_pointer() {
     gpu_or_skip!();
-    let mut v = vec![0u32; 4096];
-    let reg = RegisteredSlice::register(
-        &mut v,
+    let mut reg = RegisteredVec::register(
+        vec![0u32; 4096],
         HostRegisterFlags::MAPPED | HostRegisterFlags::PORTABLE,
     )
     .unwrap();
-    let dp = reg.device_ptr().unwrap();
-    assert_eq!(
-        dp as usize,
-        reg.as_slice().unwrap().as_ptr() as usize,
-        "UVA"
-    );
-    // SAFETY: `dp` covers 16 KiB of registered memory; synchronized before the host reads.
-    let code = unsafe { sys::cudaMemset(dp.cast(), 0x11, 4096 * 4) };
-    assert_eq!(code, sys::cudaError::cudaSuccess);
-    // SAFETY: no arguments.
-    let code = unsafe { sys::cudaDeviceSynchronize() };
-    assert_eq!(code, sys::cudaError::cudaSuccess);
+    let stream = Stream::new().unwrap();
+    let host = reg.as_ptr() as usize;
+    {
+        let dp = reg.device_ptr_mut(&stream).unwrap();
+        assert_eq!(dp.addr() as usize, host, "UVA");
+        // SAFETY: `dp` covers 16 KiB of registered memory, used on the guard's stream while
+        // it lives; the guard records the memset, and host access below waits for it.
+        let code = unsafe {
+            sys::cudaMemsetAsync(dp.as_mut_ptr().cast(), 0x11, 4096 * 4, stream.as_raw())
+        };
+        assert_eq!(code, sys::cudaError::cudaSuccess);
+    }
     assert!(reg.as_slice().unwrap().iter().all(|&w| w == 0x1111_1111));
 }
 
@@ -103,7 +103,7 @@ fn registered_vec_async_round_trip() {
     copy_async(&mut dev, &src, &stream).unwrap();
     copy_async(&mut dst, &dev, &stream).unwrap();
     // into_vec waits for the copy, unregisters and gives the Vec back.
-    let back = dst.into_vec().map_err(|(_, e)| e).unwrap();
+    let back = dst.into_vec().unwrap();
     assert!(back == data);
     assert_eq!(
         pointer_info(back.as_ptr()).unwrap().kind,

@@ -1,0 +1,166 @@
+//! Device pointers for kernels and for calls this crate does not wrap, handed out for one
+//! stream: ordered after the buffer's conflicting pending work before the caller queues
+//! anything, and recorded on the buffer when the guard drops, after the caller queued.
+//!
+//!
+//! The aliasing rule for kernel launches is on [`DevicePtr`].
+
+use std::marker::PhantomData;
+
+use bytemuck::Pod;
+
+use crate::copy::sealed;
+use crate::error::Result;
+use crate::fence::{Access, Use};
+use crate::stream::Stream;
+
+/// A device address to read, for work queued on one stream while this guard lives.
+#[must_use = "the guard records the work queued while it lives: keep it until after the launch"]
+pub struct DeviceRead<'a, T> {
+    ptr: *const T,
+    len: usize,
+    _use: Use<'a>,
+    _borrow: PhantomData<&'a T>,
+}
+
+/// A device address to write (and read), for work queued on one stream while this guard lives.
+#[must_use = "the guard records the work queued while it lives: keep it until after the launch"]
+pub struct DeviceWrite<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _use: Use<'a>,
+    _borrow: PhantomData<&'a mut T>,
+}
+
+impl<T> DeviceRead<'_, T> {
+    /// The device address of the first element.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr
+    }
+
+    /// The device address as an integer (a `CUdeviceptr`).
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<T> DeviceWrite<'_, T> {
+    /// The device address of the first element, writable.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// The device address of the first element.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr
+    }
+
+    /// The device address as an integer (a `CUdeviceptr`).
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceRead<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceRead({:p}, {} elements)", self.ptr, self.len)
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceWrite<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceWrite({:p}, {} elements)", self.ptr, self.len)
+    }
+}
+
+/// Memory whose device address work on a stream may read: every kind that asynchronous work
+/// may use (see [`AsyncMemory`](crate::AsyncMemory)). Sealed; implemented for all of them.
+///
+/// # Aliasing rule for kernel launches
+///
+/// A kernel may read memory through a [`DeviceRead`] and write it through a [`DeviceWrite`],
+/// on the guard's stream only, and the guard must live until the launch has been queued and
+/// then drop normally (not be passed to `mem::forget`). Readers on different streams run
+/// concurrently; a writer (which needs `&mut` to the buffer) is ordered after every pending
+/// reader and writer of other streams, and every later reader or writer after it. Launching is
+/// `unsafe`, and these rules are part of what its caller promises.
+///
+/// ```no_run
+/// # fn launch(_: *const f32, _: *mut f32, _: &cuda_mem::Stream) {}
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{DeviceBuffer, DevicePtr, DevicePtrMut, Stream};
+/// let stream = Stream::new()?;
+/// let x = DeviceBuffer::<f32>::zeroed(1024)?;
+/// let mut y = DeviceBuffer::<f32>::zeroed(1024)?;
+/// {
+///     let xr = x.device_ptr(&stream)?;       // orders `stream` after writes to x
+///     let yw = y.device_ptr_mut(&stream)?;   // ... and after any use of y
+///     launch(xr.as_ptr(), yw.as_mut_ptr(), &stream); // your kernel, on `stream`
+/// } // both guards record the launch: y.to_vec() and drops wait for it
+/// # Ok(()) }
+/// ```
+pub trait DevicePtr<T: Pod>: sealed::Async<T> {
+    /// Orders `stream` after pending writes to the buffer from other streams, and hands out
+    /// its device address for work queued on `stream` while the guard lives (see the aliasing
+    /// rule above). Host writes and drop wait for that work.
+    fn device_ptr(&self, stream: &Stream) -> Result<DeviceRead<'_, T>> {
+        self.check_stream(stream, "device_ptr")?;
+        let ptr = self.device_addr()?;
+        let len = self.raw_len();
+        let bytes = len * std::mem::size_of::<T>();
+        let u = self.async_fence().begin(stream, (0, bytes), Access::Read)?;
+        Ok(DeviceRead {
+            ptr,
+            len,
+            _use: u,
+            _borrow: PhantomData,
+        })
+    }
+}
+impl<T: Pod, M: sealed::Async<T> + ?Sized> DevicePtr<T> for M {}
+
+/// Memory whose device address work on a stream may write. Sealed; implemented for every
+/// [`DevicePtr`] kind that is writable.
+pub trait DevicePtrMut<T: Pod>: DevicePtr<T> + sealed::RawMut<T> {
+    /// Orders `stream` after all pending work on the buffer from other streams, and hands out
+    /// its device address for work queued on `stream` while the guard lives. Host access and
+    /// drop wait for that work. Memory registered `READ_ONLY` is refused
+    /// ([`Misuse::ReadOnlyDestination`](crate::Misuse::ReadOnlyDestination)).
+    fn device_ptr_mut(&mut self, stream: &Stream) -> Result<DeviceWrite<'_, T>> {
+        self.check_device_writable("device_ptr_mut")?;
+        self.check_stream(stream, "device_ptr_mut")?;
+        let ptr = self.device_addr()?.cast_mut();
+        let len = self.raw_len();
+        let bytes = len * std::mem::size_of::<T>();
+        let u = self
+            .async_fence()
+            .begin(stream, (0, bytes), Access::Write)?;
+        Ok(DeviceWrite {
+            ptr,
+            len,
+            _use: u,
+            _borrow: PhantomData,
+        })
+    }
+}
+impl<T: Pod, M: sealed::Async<T> + sealed::RawMut<T> + ?Sized> DevicePtrMut<T> for M {}

@@ -1,0 +1,135 @@
+//! The pending-work fence every buffer carries, and its runtime calls.
+//!
+//! Host access to a buffer, synchronous copies that touch it, and the free on drop wait on the
+//! fence; asynchronous work on a stream is ordered after conflicting work of other streams on
+//! the device, without blocking the host. The bookkeeping, and why it is sound under threads,
+//! is in [`tracker`]; this module gives it the CUDA runtime calls.
+
+pub(crate) mod tracker;
+
+/// The synchronisation primitives [`tracker`] uses (loom's, in the model test crate).
+mod sync {
+    pub use std::sync::{Arc, Mutex, MutexGuard};
+}
+
+use std::sync::Arc;
+
+pub(crate) use self::tracker::Access;
+use self::tracker::{Backend, Tracker};
+use crate::devices::{current_ordinal, Device};
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::stream::{sync_stream, Stream, StreamInner};
+
+/// The CUDA runtime behind the fence.
+pub(crate) struct Cuda;
+
+impl Backend for Cuda {
+    type Stream = Arc<StreamInner>;
+    type Event = Event;
+    type Error = Error;
+
+    fn same(a: &Self::Stream, b: &Self::Stream) -> bool {
+        StreamInner::same(a, b)
+    }
+
+    fn record(stream: &Self::Stream, reuse: Option<Event>) -> Result<Event> {
+        #[cfg(feature = "testing")]
+        crate::testing::maybe_fail_record()?;
+        // The event must be created on the stream's device (CUDA: "event and stream must be on
+        // the same CUDA context").
+        let event = match reuse {
+            Some(e) => e,
+            None if current_ordinal() == stream.device() => Event::new()?,
+            None => Event::on(Device::from_ordinal_unchecked(stream.device()))?,
+        };
+        event.record_inner(stream)?;
+        Ok(event)
+    }
+
+    fn wait(stream: &Self::Stream, event: &Event) -> Result<()> {
+        event.wait_on_inner(stream)
+    }
+
+    fn sync_event(event: &Event) -> Result<()> {
+        event.synchronize()
+    }
+
+    fn sync_stream(stream: &Self::Stream) -> Result<()> {
+        sync_stream(stream)
+    }
+}
+
+/// Pending GPU work on one buffer. Not nameable outside the crate.
+#[derive(Default)]
+pub struct Fence {
+    core: Tracker<Cuda>,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence")
+            .field("idle", &self.core.is_idle())
+            .finish()
+    }
+}
+
+impl Fence {
+    /// Orders `stream` after conflicting pending work on `bytes` (a byte range of the
+    /// buffer), then hands back a [`Use`] that marks the work the caller queues next. On error
+    /// nothing may be queued.
+    pub(crate) fn begin<'a>(
+        &'a self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<Use<'a>> {
+        self.core.begin(stream.inner(), bytes, access)?;
+        Ok(Use {
+            fence: self,
+            stream: stream.inner().clone(),
+            bytes,
+            access,
+        })
+    }
+
+    /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
+    /// marks itself (or that completes before the borrow ends).
+    pub(crate) fn order(
+        &self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<()> {
+        self.core.begin(stream.inner(), bytes, access)
+    }
+
+    /// Blocks until pending work that conflicts with a host `access` has completed. On error
+    /// the work may still be running: do not touch or free the memory.
+    pub(crate) fn host_wait(&self, access: Access) -> Result<()> {
+        self.core.host_wait(access)
+    }
+
+    /// Marks work that the legacy default stream of `device` runs on `bytes` (a synchronous
+    /// copy or memset that may return before it is done).
+    pub(crate) fn mark_legacy(&self, device: i32, bytes: (usize, usize), access: Access) {
+        let s = Stream::legacy_on(device);
+        self.core.end(s.inner(), bytes, access);
+    }
+}
+
+/// Work being queued on a fenced buffer: marked on the fence when dropped, after the caller
+/// queued it (whether or not queueing succeeded: an extra mark only adds waiting).
+#[must_use]
+pub(crate) struct Use<'a> {
+    fence: &'a Fence,
+    stream: Arc<StreamInner>,
+    bytes: (usize, usize),
+    access: Access,
+}
+
+impl Drop for Use<'_> {
+    fn drop(&mut self) {
+        self.fence.core.end(&self.stream, self.bytes, self.access);
+    }
+}

@@ -1,0 +1,365 @@
+//! The fence's bookkeeping, generic over the four GPU calls it makes ([`Backend`]), so that the
+//! same code runs against the CUDA runtime in the crate and against a model under loom in the
+//! workspace's `cuda-mem-loom` test crate (which includes this file by path).
+//!
+//! # The rule
+//!
+//! A buffer's fence keeps one [`Entry`] per stream that queued work on the buffer, with the byte
+//! ranges that work reads and writes. Nothing is recorded when work is queued: an entry only
+//! says "stream S has used these ranges". An event is recorded on S *lazily*, the first time
+//! somebody needs to wait for that work (host access, drop, or work on another stream that
+//! conflicts), and it covers everything S had queued by then (PyTorch's caching allocator
+//! records its stream events the same way, at free time). So queueing work costs two mutex
+//! operations and no runtime call; work on the same stream never waits (stream order already
+//! implies it); work on disjoint ranges never waits; readers never wait for readers.
+//!
+//! # Why marking after the enqueue is enough
+//!
+//! [`Tracker::begin`] orders a stream after conflicting work *before* the caller queues; the
+//! entry is marked by [`Tracker::end`] *after* it queued. Between the two, nobody can need
+//! to wait for the new work: waiting is needed only by a conflicting access (a write against
+//! anything, or anything against a write), and Rust's borrows forbid one while the queueing
+//! call holds `&` (reads) or `&mut` (writes) to the buffer. Host reads (`&self`) wait only
+//! for entries with writes, host writes and drop (`&mut self`, `self`) for all of them.
+//!
+//! A failure never leaves queued work unseen: marking cannot fail; when recording an event
+//! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
+//! returns the error *before* the caller queues anything (in `begin`) or refuses host access
+//! (in `host_wait`), and the owner then leaks the memory rather than free it.
+
+use super::sync::{Arc, Mutex, MutexGuard};
+
+/// The GPU calls the fence makes.
+pub trait Backend {
+    /// A stream handle that keeps the stream alive (the fence may record on it later).
+    type Stream: Clone;
+    /// An event.
+    type Event;
+    /// The error of a failed call.
+    type Error;
+    /// Whether two handles name the same stream.
+    fn same(a: &Self::Stream, b: &Self::Stream) -> bool;
+    /// Records `reuse` (or a new event) at the current end of `stream`.
+    fn record(
+        stream: &Self::Stream,
+        reuse: Option<Self::Event>,
+    ) -> Result<Self::Event, Self::Error>;
+    /// Makes later work on `stream` wait for `event` (device side).
+    fn wait(stream: &Self::Stream, event: &Self::Event) -> Result<(), Self::Error>;
+    /// Blocks the host until `event` has completed.
+    fn sync_event(event: &Self::Event) -> Result<(), Self::Error>;
+    /// Blocks the host until all work queued on `stream` so far has completed.
+    fn sync_stream(stream: &Self::Stream) -> Result<(), Self::Error>;
+}
+
+/// How queued work or the host uses a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads only.
+    Read,
+    /// Writes (and may read).
+    Write,
+}
+
+/// Half-open byte ranges; past [`Ranges::MAX`] pieces they are merged into their hull, which
+/// can only add waits, never lose one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ranges(Vec<(usize, usize)>);
+
+impl Ranges {
+    const MAX: usize = 8;
+
+    /// Adds `[start, end)`.
+    pub fn add(&mut self, (start, end): (usize, usize)) {
+        if start >= end {
+            return;
+        }
+        if let Some(r) = self.0.iter_mut().find(|r| r.0 <= end && start <= r.1) {
+            // Touching or overlapping: widen in place.
+            *r = (r.0.min(start), r.1.max(end));
+            return;
+        }
+        self.0.push((start, end));
+        if self.0.len() > Self::MAX {
+            let lo = self.0.iter().map(|r| r.0).min().unwrap_or(0);
+            let hi = self.0.iter().map(|r| r.1).max().unwrap_or(0);
+            self.0.clear();
+            self.0.push((lo, hi));
+        }
+    }
+
+    /// Adds every range of `other`.
+    pub fn merge(&mut self, other: &Ranges) {
+        for &r in &other.0 {
+            self.add(r);
+        }
+    }
+
+    /// Whether any range overlaps `[start, end)`.
+    pub fn overlaps(&self, (start, end): (usize, usize)) -> bool {
+        self.0.iter().any(|r| r.0 < end && start < r.1)
+    }
+
+    /// Whether there is no range.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// The work one stream queued on the buffer.
+struct Entry<B: Backend> {
+    stream: B::Stream,
+    /// Ranges marked since the last record.
+    reads: Ranges,
+    writes: Ranges,
+    /// Ranges covered by `event`.
+    rec_reads: Ranges,
+    rec_writes: Ranges,
+    /// The last event recorded for this entry, covering `rec_*`.
+    event: Option<Arc<B::Event>>,
+    /// The fence clock at the last mark; `recorded` is its value at the last record.
+    marked: u64,
+    recorded: u64,
+    /// For each other stream this stream has waited on: that entry's `marked` at the time.
+    /// A later conflict with the same, unchanged entry needs no second wait.
+    waited: Vec<(B::Stream, u64)>,
+}
+
+impl<B: Backend> Entry<B> {
+    fn new(stream: B::Stream) -> Self {
+        Entry {
+            stream,
+            reads: Ranges::default(),
+            writes: Ranges::default(),
+            rec_reads: Ranges::default(),
+            rec_writes: Ranges::default(),
+            event: None,
+            marked: 0,
+            recorded: 0,
+            waited: Vec::new(),
+        }
+    }
+
+    fn has_writes(&self) -> bool {
+        !self.writes.is_empty() || !self.rec_writes.is_empty()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.reads.is_empty()
+            && self.writes.is_empty()
+            && self.rec_reads.is_empty()
+            && self.rec_writes.is_empty()
+    }
+
+    /// Whether work that accesses `range` as `access` must be ordered after this entry.
+    fn conflicts(&self, range: (usize, usize), access: Access) -> bool {
+        let w = self.writes.overlaps(range) || self.rec_writes.overlaps(range);
+        match access {
+            Access::Read => w,
+            Access::Write => w || self.reads.overlaps(range) || self.rec_reads.overlaps(range),
+        }
+    }
+
+    /// Records an event that covers everything marked so far (once per batch of marks).
+    fn materialize(&mut self) -> Result<Arc<B::Event>, B::Error> {
+        if let (Some(e), true) = (&self.event, self.recorded == self.marked) {
+            return Ok(e.clone());
+        }
+        // Re-record the old event when nobody else holds it (a host wait may be syncing it).
+        let reuse = match self.event.take() {
+            Some(e) if Arc::strong_count(&e) == 1 => Arc::try_unwrap(e).ok(),
+            _ => None,
+        };
+        let event = Arc::new(B::record(&self.stream, reuse)?);
+        self.rec_reads.merge(&self.reads);
+        self.rec_writes.merge(&self.writes);
+        self.reads.clear();
+        self.writes.clear();
+        self.recorded = self.marked;
+        self.event = Some(event.clone());
+        Ok(event)
+    }
+
+    /// All work this entry stands for is known complete.
+    fn clear(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+        self.rec_reads.clear();
+        self.rec_writes.clear();
+    }
+}
+
+struct State<B: Backend> {
+    entries: Vec<Entry<B>>,
+    /// Bumped at every mark; identifies a state of an entry across removal and re-creation.
+    clock: u64,
+}
+
+/// Pending work on one buffer: see the module docs.
+pub struct Tracker<B: Backend> {
+    state: Mutex<State<B>>,
+}
+
+impl<B: Backend> Default for Tracker<B> {
+    fn default() -> Self {
+        Tracker {
+            state: Mutex::new(State {
+                entries: Vec::new(),
+                clock: 0,
+            }),
+        }
+    }
+}
+
+impl<B: Backend> Tracker<B> {
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        // A panic while holding the lock leaves at worst extra entries (more waiting), never
+        // fewer: recover the state.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before queueing work on `stream` that accesses `range` as `access`: makes `stream` wait
+    /// (device side) for conflicting work of other streams. On error nothing was queued by
+    /// the caller, and the caller must not queue.
+    pub fn begin(
+        &self,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) -> Result<(), B::Error> {
+        let mut st = self.lock();
+        let mut i = 0;
+        while i < st.entries.len() {
+            let e = &st.entries[i];
+            if B::same(&e.stream, stream) || !e.conflicts(range, access) {
+                i += 1;
+                continue;
+            }
+            let key = (e.stream.clone(), e.marked);
+            let already = st
+                .entries
+                .iter()
+                .find(|t| B::same(&t.stream, stream))
+                .is_some_and(|t| {
+                    t.waited
+                        .iter()
+                        .any(|(s, m)| B::same(s, &key.0) && *m == key.1)
+                });
+            if already {
+                i += 1;
+                continue;
+            }
+            let waited = match st.entries[i].materialize() {
+                Ok(ev) => B::wait(stream, &ev).is_ok(),
+                Err(_) => false,
+            };
+            if !waited {
+                // Could not order on the device: wait on the host instead. Then the entry's
+                // work is complete and forgotten.
+                B::sync_stream(&st.entries[i].stream)?;
+                st.entries.remove(i);
+                continue;
+            }
+            let t = match st.entries.iter().position(|t| B::same(&t.stream, stream)) {
+                Some(t) => t,
+                None => {
+                    st.entries.push(Entry::new(stream.clone()));
+                    st.entries.len() - 1
+                }
+            };
+            let waited = &mut st.entries[t].waited;
+            waited.retain(|(s, _)| !B::same(s, &key.0));
+            waited.push(key);
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// After queueing work on `stream` that accesses `range` as `access` (also when queueing
+    /// failed: an extra mark only adds waiting). Cannot fail.
+    pub fn end(&self, stream: &B::Stream, range: (usize, usize), access: Access) {
+        let mut st = self.lock();
+        st.clock += 1;
+        let clock = st.clock;
+        let e = match st.entries.iter().position(|e| B::same(&e.stream, stream)) {
+            Some(i) => &mut st.entries[i],
+            None => {
+                st.entries.push(Entry::new(stream.clone()));
+                st.entries.last_mut().expect("just pushed")
+            }
+        };
+        match access {
+            Access::Read => e.reads.add(range),
+            Access::Write => e.writes.add(range),
+        }
+        e.marked = clock;
+    }
+
+    /// Blocks the host until the queued work that conflicts with a host `access` has
+    /// completed: for a read, work that writes; for a write (and before a free), all work.
+    /// On error the work may still run: the caller must not touch or free the memory.
+    pub fn host_wait(&self, access: Access) -> Result<(), B::Error> {
+        // Concurrent queueing can only add reads (see the module docs), so a read wait ends
+        // after at most two rounds, and a write wait (exclusive) after one.
+        loop {
+            let mut targets = Vec::new();
+            {
+                let mut st = self.lock();
+                let mut i = 0;
+                while i < st.entries.len() {
+                    let e = &mut st.entries[i];
+                    let needed = match access {
+                        Access::Read => e.has_writes(),
+                        Access::Write => !e.is_idle(),
+                    };
+                    if !needed {
+                        i += 1;
+                        continue;
+                    }
+                    match e.materialize() {
+                        Ok(ev) => targets.push((e.stream.clone(), ev)),
+                        Err(_) => {
+                            // Cannot record: wait for the whole stream, under the lock
+                            // (queueing on this buffer pauses meanwhile; it is the rare path).
+                            B::sync_stream(&e.stream)?;
+                            st.entries.remove(i);
+                            continue;
+                        }
+                    }
+                    i += 1;
+                }
+                st.entries.retain(|e| !e.is_idle() || !e.waited.is_empty());
+            }
+            if targets.is_empty() {
+                return Ok(());
+            }
+            for (_, ev) in &targets {
+                B::sync_event(ev)?;
+            }
+            let mut st = self.lock();
+            for (stream, ev) in &targets {
+                if let Some(e) = st.entries.iter_mut().find(|e| B::same(&e.stream, stream)) {
+                    if e.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)) {
+                        // Everything recorded by that event is done; marks since stay.
+                        e.rec_reads.clear();
+                        e.rec_writes.clear();
+                        if e.reads.is_empty() && e.writes.is_empty() {
+                            e.clear();
+                        }
+                    }
+                }
+            }
+            st.entries
+                .retain(|e| !e.is_idle() || e.event.is_some() && !e.waited.is_empty());
+        }
+    }
+
+    /// Whether no work is known to be pending (for tests and statistics).
+    pub fn is_idle(&self) -> bool {
+        self.lock().entries.iter().all(Entry::is_idle)
+    }
+}
