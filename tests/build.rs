@@ -5,6 +5,11 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc");
     println!("cargo:rerun-if-env-changed=DEP_CUDART_INCLUDE");
     let includes = std::env::var_os("DEP_CUDART_INCLUDE").unwrap_or_default();
+    // For the test that reads the header's documented sticky codes.
+    println!(
+        "cargo:rustc-env=CUDA_MEM_TESTS_INCLUDE={}",
+        includes.to_string_lossy()
+    );
     let mut build = cc::Build::new();
     build
         .cpp(true)

@@ -119,6 +119,19 @@ impl<T> std::fmt::Debug for DeviceWrite<'_, T> {
 /// } // both guards record the launch: y.to_vec() and drops wait for it
 /// # Ok(()) }
 /// ```
+///
+/// A write guard needs `&mut` to the buffer, so it cannot coexist with a read guard (or host
+/// access) to the same buffer:
+///
+/// ```compile_fail,E0502
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{DeviceBuffer, DevicePtr, DevicePtrMut, Stream};
+/// let s = Stream::new()?;
+/// let mut buf = DeviceBuffer::<u32>::zeroed(16)?;
+/// let r = buf.device_ptr(&s)?;
+/// let w = buf.device_ptr_mut(&s)?; // error: `buf` is already borrowed as immutable
+/// # drop((r, w)); Ok(()) }
+/// ```
 pub trait DevicePtr<T: Pod>: sealed::Async<T> {
     /// Orders `stream` after pending writes to the buffer from other streams, and hands out
     /// its device address for work queued on `stream` while the guard lives (see the aliasing

@@ -146,11 +146,15 @@ impl<T, M: sealed::RawMut<T> + ?Sized> MemoryMut<T> for M {}
 ///
 /// The trait is sealed, because an implementation carries that promise:
 ///
-/// ```compile_fail
-/// #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
-/// #[repr(C)]
+/// ```compile_fail,E0277
+/// #[derive(Clone, Copy)]
+/// #[repr(transparent)]
 /// struct W(u32);
-/// impl cuda_mem::AsyncMemory<W> for Vec<W> {} // error: the sealed supertrait is not met
+/// // SAFETY: a `u32` wrapper: any bit pattern is valid, all zero too.
+/// unsafe impl bytemuck::Zeroable for W {}
+/// // SAFETY: as above.
+/// unsafe impl bytemuck::Pod for W {}
+/// impl cuda_mem::AsyncMemory<W> for Vec<W> {} // error: `Vec<W>: Async<W>` is not satisfied
 /// ```
 pub trait AsyncMemory<T>: Memory<T> + sealed::Async<T> {}
 impl<T, M: sealed::Async<T> + ?Sized> AsyncMemory<T> for M {}

@@ -256,7 +256,7 @@ impl Device {
 /// The current device is per thread, so the guard cannot move to another thread (it would
 /// restore the device there), and it must be bound to a name to have any effect:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn assert_send<T: Send>(_: T) {}
 /// let guard = cuda_mem::Device::get(0).unwrap().guard().unwrap();
 /// assert_send(guard); // error: `*const ()` cannot be sent between threads safely

@@ -1,7 +1,10 @@
 //! Test seams, compiled only with the `testing` feature, which cuda-mem's own test crates
 //! enable: they force failure paths that a healthy GPU never takes. Not for use elsewhere.
+//!
+//! Every seam is per thread (it affects only calls made on the thread that set it), so that
+//! tests running in parallel do not see each other's failures.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::cell::Cell;
 
 use bytemuck::Pod;
 
@@ -9,42 +12,75 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::mapped::MappedBuffer;
 use crate::pinned::HostAllocFlags;
 
-static FAIL_RECORDS: AtomicU32 = AtomicU32::new(0);
-static NO_CONCURRENT_MANAGED: AtomicBool = AtomicBool::new(false);
-
-/// Makes the next `n` event records of the fences (in any thread) fail with
-/// `cudaErrorInvalidResourceHandle`, before any runtime call.
-pub fn fail_next_fence_records(n: u32) {
-    FAIL_RECORDS.store(n, Ordering::SeqCst);
+thread_local! {
+    static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };
+    static FAIL_SYNCS: Cell<u32> = const { Cell::new(0) };
+    static NO_CONCURRENT_MANAGED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// How many forced failures are still pending.
+/// Makes the next `n` event records that fences make on this thread fail with
+/// `cudaErrorInvalidResourceHandle`, before any runtime call.
+pub fn fail_next_fence_records(n: u32) {
+    FAIL_RECORDS.with(|c| c.set(n));
+}
+
+/// How many forced record failures are still pending on this thread.
 pub fn pending_fence_record_failures() -> u32 {
-    FAIL_RECORDS.load(Ordering::SeqCst)
+    FAIL_RECORDS.with(Cell::get)
+}
+
+/// Makes the next `n` host waits (event or stream synchronizations) that fences make on this
+/// thread fail with `cudaErrorLaunchFailure`, before any runtime call. Reset with `0`.
+pub fn fail_next_fence_syncs(n: u32) {
+    FAIL_SYNCS.with(|c| c.set(n));
+}
+
+fn take(cell: &'static std::thread::LocalKey<Cell<u32>>) -> bool {
+    cell.with(|c| match c.get() {
+        0 => false,
+        n => {
+            c.set(n - 1);
+            true
+        }
+    })
+}
+
+fn forced(code: crate::sys::cudaError, call: &str) -> Error {
+    Error::Cuda {
+        code: ErrorCode(code.0),
+        call: format!("{call} (forced by cuda_mem::testing)"),
+    }
 }
 
 pub(crate) fn maybe_fail_record() -> Result<()> {
-    let took = FAIL_RECORDS
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok();
-    if took {
-        return Err(Error::Cuda {
-            code: ErrorCode(crate::sys::cudaError::cudaErrorInvalidResourceHandle.0),
-            call: "cudaEventRecord (forced by cuda_mem::testing)".into(),
-        });
+    if take(&FAIL_RECORDS) {
+        return Err(forced(
+            crate::sys::cudaError::cudaErrorInvalidResourceHandle,
+            "cudaEventRecord",
+        ));
     }
     Ok(())
 }
 
-/// From now on, managed buffers allocated in this process behave as on a device without
+pub(crate) fn maybe_fail_sync() -> Result<()> {
+    if take(&FAIL_SYNCS) {
+        return Err(forced(
+            crate::sys::cudaError::cudaErrorLaunchFailure,
+            "cudaEventSynchronize",
+        ));
+    }
+    Ok(())
+}
+
+/// Managed buffers allocated on this thread from now on behave as on a device without
 /// `cudaDevAttrConcurrentManagedAccess` (Windows, pre-Pascal GPUs, some Jetsons), whatever
 /// the device says.
 pub fn assume_no_concurrent_managed_access(on: bool) {
-    NO_CONCURRENT_MANAGED.store(on, Ordering::SeqCst);
+    NO_CONCURRENT_MANAGED.with(|c| c.set(on));
 }
 
 pub(crate) fn no_concurrent_managed_access() -> bool {
-    NO_CONCURRENT_MANAGED.load(Ordering::SeqCst)
+    NO_CONCURRENT_MANAGED.with(Cell::get)
 }
 
 /// [`alloc_mapped_uva`](crate::alloc_mapped_uva) with the device-pointer lookup replaced, so

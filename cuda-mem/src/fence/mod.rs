@@ -52,10 +52,14 @@ impl Backend for Cuda {
     }
 
     fn sync_event(event: &Event) -> Result<()> {
+        #[cfg(feature = "testing")]
+        crate::testing::maybe_fail_sync()?;
         event.synchronize()
     }
 
     fn sync_stream(stream: &Self::Stream) -> Result<()> {
+        #[cfg(feature = "testing")]
+        crate::testing::maybe_fail_sync()?;
         sync_stream(stream)
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! # The rule
 //!
-//! A buffer's fence keeps one [`Entry`] per stream that queued work on the buffer, with the byte
+//! A buffer's fence keeps one `Entry` per stream that queued work on the buffer, with the byte
 //! ranges that work reads and writes. Nothing is recorded when work is queued: an entry only
 //! says "stream S has used these ranges". An event is recorded on S *lazily*, the first time
 //! somebody needs to wait for that work (host access, drop, or work on another stream that
@@ -61,7 +61,7 @@ pub enum Access {
     Write,
 }
 
-/// Half-open byte ranges; past [`Ranges::MAX`] pieces they are merged into their hull, which
+/// Half-open byte ranges; past `Ranges::MAX` pieces they are merged into their hull, which
 /// can only add waits, never lose one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ranges(Vec<(usize, usize)>);

@@ -17,6 +17,7 @@ mod mapped;
 mod misuse;
 mod pinned;
 mod registered;
+mod soundness;
 
 /// A pattern that differs per element and per `seed`, so stale data never matches.
 pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
