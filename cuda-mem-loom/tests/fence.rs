@@ -108,6 +108,10 @@ impl Backend for Model {
         Ok(())
     }
 
+    fn query(event: &MockEvent) -> Result<bool, Failed> {
+        Ok(event.gpu.lock().unwrap().done[event.stream] >= event.pos)
+    }
+
     fn sync_event(event: &MockEvent) -> Result<(), Failed> {
         event.gpu.lock().unwrap().complete(event.stream, event.pos);
         Ok(())
@@ -337,5 +341,27 @@ fn implied_waits_are_skipped() {
             .filter(|op| matches!(op, Op::Wait { .. }))
             .count();
         assert_eq!(waits, 1);
+    });
+}
+
+/// Work from more streams than the fence keeps before pruning: completed entries are dropped
+/// (here some complete through a host read), pending ones are kept, and a host write still
+/// waits for everything pending; a writer on another thread meanwhile is ordered after all.
+#[test]
+fn many_streams_are_pruned_without_losing_pending_work() {
+    model(|| {
+        let w = World::new(12);
+        w.queue(11, ALL, Access::Write);
+        w.host(Access::Read); // completes stream 11's write
+        for s in 0..10 {
+            w.queue(s, (s, s + 1), Access::Read);
+        }
+        let a = {
+            let w = w.clone();
+            thread::spawn(move || w.queue(10, (3, 4), Access::Read))
+        };
+        a.join().unwrap();
+        w.queue(11, ALL, Access::Write);
+        w.host(Access::Write);
     });
 }

@@ -51,6 +51,10 @@ impl Backend for Cuda {
         event.wait_on_inner(stream)
     }
 
+    fn query(event: &Event) -> Result<bool> {
+        event.is_complete()
+    }
+
     fn sync_event(event: &Event) -> Result<()> {
         #[cfg(feature = "testing")]
         crate::testing::maybe_fail_sync()?;

@@ -46,6 +46,8 @@ pub trait Backend {
     ) -> Result<Self::Event, Self::Error>;
     /// Makes later work on `stream` wait for `event` (device side).
     fn wait(stream: &Self::Stream, event: &Self::Event) -> Result<(), Self::Error>;
+    /// Whether `event` has completed, without blocking.
+    fn query(event: &Self::Event) -> Result<bool, Self::Error>;
     /// Blocks the host until `event` has completed.
     fn sync_event(event: &Self::Event) -> Result<(), Self::Error>;
     /// Blocks the host until all work queued on `stream` so far has completed.
@@ -193,6 +195,11 @@ impl<B: Backend> Entry<B> {
     }
 }
 
+/// Past this many entries, marking first drops the entries whose work has completed (a
+/// non-blocking query), so that a long-lived buffer used from ever new streams, and never
+/// waited on by the host, keeps a bounded list.
+const PRUNE_AT: usize = 8;
+
 struct State<B: Backend> {
     entries: Vec<Entry<B>>,
     /// Bumped at every mark; identifies a state of an entry across removal and re-creation.
@@ -297,6 +304,31 @@ impl<B: Backend> Tracker<B> {
             Access::Write => e.writes.add(range),
         }
         e.marked = clock;
+        if st.entries.len() > PRUNE_AT {
+            Self::prune(&mut st, stream);
+        }
+    }
+
+    /// Drops the entries of other streams whose work is known complete. Failures only keep
+    /// entries (more waiting later), so they are ignored.
+    fn prune(st: &mut State<B>, current: &B::Stream) {
+        for e in st.entries.iter_mut() {
+            if B::same(&e.stream, current) || e.is_idle() {
+                continue;
+            }
+            if let Ok(ev) = e.materialize() {
+                if B::query(&ev).unwrap_or(false) {
+                    // `materialize` moved every mark into `rec_*`, all covered by `ev`.
+                    e.clear();
+                }
+            }
+        }
+        st.entries.retain(|e| !e.is_idle());
+        let alive: Vec<B::Stream> = st.entries.iter().map(|e| e.stream.clone()).collect();
+        for e in st.entries.iter_mut() {
+            e.waited
+                .retain(|(s, _)| alive.iter().any(|a| B::same(a, s)));
+        }
     }
 
     /// Blocks the host until the queued work that conflicts with a host `access` has
@@ -332,7 +364,7 @@ impl<B: Backend> Tracker<B> {
                     }
                     i += 1;
                 }
-                st.entries.retain(|e| !e.is_idle() || !e.waited.is_empty());
+                st.entries.retain(|e| !e.is_idle());
             }
             if targets.is_empty() {
                 return Ok(());
@@ -353,8 +385,7 @@ impl<B: Backend> Tracker<B> {
                     }
                 }
             }
-            st.entries
-                .retain(|e| !e.is_idle() || e.event.is_some() && !e.waited.is_empty());
+            st.entries.retain(|e| !e.is_idle());
         }
     }
 
