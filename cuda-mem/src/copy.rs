@@ -12,8 +12,8 @@
 //! # What "synchronous" means here
 //!
 //! `cudaMemcpy` may return before the copy is done: device-to-device copies, copies from
-//! pageable memory to the device (once the source is staged), and copies that involve managed
-//! memory. [`copy`] keeps the C++ cost of those (no extra wait), and makes the result safe to
+//! host memory to the device (once the source is staged: pageable memory, and pinned memory
+//! not pinned for the current device's context), and copies that involve managed memory. [`copy`] keeps the C++ cost of those (no extra wait), and makes the result safe to
 //! rely on instead: the copy is **recorded** on the fences of the buffers it may still touch,
 //! as work of the legacy default stream, so that host access to them, their drop, and any
 //! asynchronous work through this crate on any stream (non-blocking ones included) are ordered
@@ -80,9 +80,12 @@ impl Loc {
     /// then (a pageable source is staged before the call returns).
     fn sync_copy_may_run_on(src: Loc, dst: Loc) -> Option<bool> {
         match (src, dst) {
-            (Loc::Device, Loc::Device) => Some(true),
-            (Loc::Pageable, Loc::Device) => Some(false),
             (Loc::Managed, _) | (_, Loc::Managed) => Some(true),
+            (Loc::Device, Loc::Device) => Some(true),
+            // Pageable sources are staged before the call returns; pinned ones too when the
+            // memory is not pinned for this device's context (registered without PORTABLE,
+            // used from another device), so the destination may still be written.
+            (Loc::Pageable | Loc::Pinned, Loc::Device) => Some(false),
             _ => None,
         }
     }
@@ -235,18 +238,12 @@ where
     let Plan { d, s, bytes, kind } = plan;
     let device = current_ordinal();
     let legacy = Stream::legacy_on(device);
-    // Order the copy (it runs on the legacy default stream) after pending work on both sides,
-    // on the device; the uses are not marked here (see below).
     let (sr, dr) = (
         plan_range::<T>(src_offset, bytes),
         plan_range::<T>(dst_offset, bytes),
     );
-    if let Some(f) = src.fence() {
-        f.order(&legacy, sr, Access::Read)?;
-    }
-    if let Some(f) = dst.fence() {
-        f.order(&legacy, dr, Access::Write)?;
-    }
+    prepare_sync(src.fence(), src.loc(), &legacy, sr, Access::Read)?;
+    prepare_sync(dst.fence(), dst.loc(), &legacy, dr, Access::Write)?;
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
     // borrowed mutably so nothing else reads or writes it, and pending GPU work on both is
     // ordered before the copy on the device. `T: Pod` makes any bytes written valid. If the
@@ -267,11 +264,30 @@ where
                     sf.mark_legacy(device, sr, Access::Read);
                 }
             }
-            // A side without a fence: finish the copy before its borrow ends.
+            // A side without a fence: finish the copy before its borrow ends. (Should that
+            // fail, the context is lost with a sticky error, and with it the copy.)
             _ => sync_stream(legacy.inner())?,
         }
     }
     result
+}
+
+/// Orders a synchronous copy after pending work on one side. Device memory is touched only
+/// by the copy engine, in the legacy default stream's order, so a device-side wait suffices;
+/// host and managed memory may be touched by the CPU inside `cudaMemcpy` (host-to-host copies,
+/// staging, page migration), so the host waits.
+fn prepare_sync(
+    fence: Option<&Fence>,
+    loc: Loc,
+    legacy: &Stream,
+    range: (usize, usize),
+    access: Access,
+) -> Result<()> {
+    match fence {
+        None => Ok(()),
+        Some(f) if loc == Loc::Device => f.order(legacy, range, access),
+        Some(f) => f.host_wait(access),
+    }
 }
 
 /// The byte range of `bytes` bytes from element `offset`.
@@ -422,7 +438,10 @@ mod tests {
             Loc::sync_copy_may_run_on(Loc::Managed, Loc::Pinned),
             Some(true)
         );
-        assert_eq!(Loc::sync_copy_may_run_on(Loc::Pinned, Loc::Device), None);
+        assert_eq!(
+            Loc::sync_copy_may_run_on(Loc::Pinned, Loc::Device),
+            Some(false)
+        );
         assert_eq!(Loc::sync_copy_may_run_on(Loc::Device, Loc::Pageable), None);
         assert_eq!(Loc::sync_copy_may_run_on(Loc::Pinned, Loc::Pinned), None);
     }

@@ -68,7 +68,9 @@ impl Event {
 
     pub(crate) fn record_inner(&self, stream: &StreamInner) -> Result<()> {
         check_same_device("Event::record", self.device, stream.device())?;
-        // SAFETY: both handles are live (the borrows keep them).
+        let _g = stream.enter()?;
+        // SAFETY: both handles are live (the borrows keep them); a null stream means the
+        // legacy stream of the event's device, made current above.
         let code = unsafe { sys::cudaEventRecord(self.raw, stream.raw()) };
         check(code, || {
             format!("cudaEventRecord({:p}, stream {:p})", self.raw, stream.raw())
@@ -101,7 +103,9 @@ impl Event {
     }
 
     pub(crate) fn wait_on_inner(&self, stream: &StreamInner) -> Result<()> {
-        // SAFETY: both handles are live.
+        let _g = stream.enter()?;
+        // SAFETY: both handles are live; a null stream is the legacy stream of its device,
+        // made current above.
         let code = unsafe { sys::cudaStreamWaitEvent(stream.raw(), self.raw, 0) };
         check(code, || {
             format!(

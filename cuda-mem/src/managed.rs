@@ -191,9 +191,21 @@ impl<T: Pod> ManagedBuffer<T> {
     /// oversubscribed managed memory can stall the whole GPU.
     pub fn zeroed(len: usize, attach: Attach) -> Result<Self> {
         let buf = Self::alloc(len, attach, "ManagedBuffer::zeroed")?;
-        // SAFETY: the allocation holds `byte_len` bytes and nothing else uses it yet; writing
-        // from the host touches the pages on the host, where a fresh allocation may be accessed.
-        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr().cast::<u8>(), 0, buf.byte_len()) };
+        let (p, bytes) = (buf.ptr.as_ptr().cast::<u8>(), buf.byte_len());
+        if buf.concurrent_access {
+            // SAFETY: the allocation holds `bytes` bytes and nothing else uses it yet; the
+            // device allows host access while kernels run.
+            unsafe { std::ptr::write_bytes(p, 0, bytes) };
+        } else {
+            // Without concurrent access the host may not touch managed memory while any kernel
+            // runs (another thread's too): fill it on the device, recorded on the buffer.
+            // SAFETY: `p` covers our fresh allocation of `bytes` bytes.
+            let code = unsafe { sys::cudaMemset(p.cast(), 0, bytes) };
+            buf.fence.mark_legacy(buf.device, (0, bytes), Access::Write);
+            check(code, || {
+                format!("cudaMemset({p:p}, 0, {})", fmt_bytes(bytes))
+            })?;
+        }
         Ok(buf)
     }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use cuda_mem_sys as sys;
 
-use crate::devices::Device;
-use crate::error::{check, check_call, clear_not_ready, Result};
+use crate::devices::{Device, DeviceGuard};
+use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
 
 /// The shared part of a [`Stream`]: fences keep a clone, so that a stream whose buffers still
 /// have work recorded on them is destroyed only once that bookkeeping is gone.
@@ -30,6 +30,36 @@ impl StreamInner {
 
     pub(crate) fn device(&self) -> i32 {
         self.device
+    }
+
+    /// Makes the stream's device current for a runtime call, where the handle alone does not
+    /// say which device it means: the null handle is the legacy default stream of whichever
+    /// device is current. Owned streams carry their context, so they need nothing.
+    pub(crate) fn enter(&self) -> Result<Option<DeviceGuard>> {
+        if self.raw.is_null() && crate::devices::current_ordinal() != self.device {
+            Device::from_ordinal_unchecked(self.device)
+                .guard()
+                .map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Refuses work queued on a legacy default stream of another device than the current one:
+    /// the runtime would queue it on the current device's legacy stream instead.
+    pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
+        if self.raw.is_null() {
+            let current = crate::devices::current_ordinal();
+            if current != self.device {
+                return Err(Misuse::DeviceMismatch {
+                    op,
+                    expected: self.device,
+                    found: current,
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Whether two handles name the same stream: the same handle on the same device (the
@@ -117,6 +147,11 @@ impl Stream {
 
     /// The legacy default (null) stream of the current device (device 0 when the runtime
     /// cannot say). Not destroyed on drop.
+    ///
+    /// The runtime has one per device, and the null handle means the one of whichever device
+    /// is current: work queued through this crate on a legacy stream while another device is
+    /// current is refused ([`Misuse::DeviceMismatch`]), and the fence's own calls on it make
+    /// its device current first.
     pub fn legacy_default() -> Self {
         Self::legacy_on(crate::devices::current_ordinal())
     }
@@ -145,7 +180,9 @@ impl Stream {
     /// Whether all queued work has completed, without waiting. A not-ready answer leaves the
     /// runtime's last-error state clean (`cudaSuccess`).
     pub fn is_idle(&self) -> Result<bool> {
-        // SAFETY: `raw` is a live stream handle (or the null stream).
+        let _g = self.inner.enter()?;
+        // SAFETY: `raw` is a live stream handle (or the null stream, of the device made
+        // current above).
         let code = unsafe { sys::cudaStreamQuery(self.inner.raw) };
         if clear_not_ready(code) {
             return Ok(false);
@@ -165,7 +202,9 @@ impl Stream {
 
 /// `cudaStreamSynchronize`.
 pub(crate) fn sync_stream(s: &StreamInner) -> Result<()> {
-    // SAFETY: `raw` is a live stream handle (kept alive by the caller's borrow), or null.
+    let _g = s.enter()?;
+    // SAFETY: `raw` is a live stream handle (kept alive by the caller's borrow), or null (of
+    // the device made current above).
     check(unsafe { sys::cudaStreamSynchronize(s.raw) }, || {
         format!("cudaStreamSynchronize({:p})", s.raw)
     })

@@ -92,6 +92,9 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
+        stream
+            .inner()
+            .check_current("queueing work on a legacy default stream")?;
         self.core.begin(stream.inner(), bytes, access)?;
         Ok(Use {
             fence: self,

@@ -335,58 +335,58 @@ impl<B: Backend> Tracker<B> {
     /// completed: for a read, work that writes; for a write (and before a free), all work.
     /// On error the work may still run: the caller must not touch or free the memory.
     pub fn host_wait(&self, access: Access) -> Result<(), B::Error> {
-        // Concurrent queueing can only add reads (see the module docs), so a read wait ends
-        // after at most two rounds, and a write wait (exclusive) after one.
-        loop {
-            let mut targets = Vec::new();
-            {
-                let mut st = self.lock();
-                let mut i = 0;
-                while i < st.entries.len() {
-                    let e = &mut st.entries[i];
-                    let needed = match access {
-                        Access::Read => e.has_writes(),
-                        Access::Write => !e.is_idle(),
-                    };
-                    if !needed {
-                        i += 1;
+        // One round: the events recorded under the lock cover every mark made before it. Marks
+        // made meanwhile by other threads can only be reads beside a host read or a
+        // `synchronize(&self)` (see the module docs), which this wait need not cover.
+        let mut targets = Vec::new();
+        {
+            let mut st = self.lock();
+            let mut i = 0;
+            while i < st.entries.len() {
+                let e = &mut st.entries[i];
+                let needed = match access {
+                    Access::Read => e.has_writes(),
+                    Access::Write => !e.is_idle(),
+                };
+                if !needed {
+                    i += 1;
+                    continue;
+                }
+                match e.materialize() {
+                    Ok(ev) => targets.push((e.stream.clone(), ev)),
+                    Err(_) => {
+                        // Cannot record: wait for the whole stream, under the lock (queueing
+                        // on this buffer pauses meanwhile; it is the rare path).
+                        B::sync_stream(&e.stream)?;
+                        st.entries.remove(i);
                         continue;
                     }
-                    match e.materialize() {
-                        Ok(ev) => targets.push((e.stream.clone(), ev)),
-                        Err(_) => {
-                            // Cannot record: wait for the whole stream, under the lock
-                            // (queueing on this buffer pauses meanwhile; it is the rare path).
-                            B::sync_stream(&e.stream)?;
-                            st.entries.remove(i);
-                            continue;
-                        }
-                    }
-                    i += 1;
                 }
-                st.entries.retain(|e| !e.is_idle());
-            }
-            if targets.is_empty() {
-                return Ok(());
-            }
-            for (_, ev) in &targets {
-                B::sync_event(ev)?;
-            }
-            let mut st = self.lock();
-            for (stream, ev) in &targets {
-                if let Some(e) = st.entries.iter_mut().find(|e| B::same(&e.stream, stream)) {
-                    if e.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)) {
-                        // Everything recorded by that event is done; marks since stay.
-                        e.rec_reads.clear();
-                        e.rec_writes.clear();
-                        if e.reads.is_empty() && e.writes.is_empty() {
-                            e.clear();
-                        }
-                    }
-                }
+                i += 1;
             }
             st.entries.retain(|e| !e.is_idle());
         }
+        if targets.is_empty() {
+            return Ok(());
+        }
+        for (_, ev) in &targets {
+            B::sync_event(ev)?;
+        }
+        let mut st = self.lock();
+        for (stream, ev) in &targets {
+            if let Some(e) = st.entries.iter_mut().find(|e| B::same(&e.stream, stream)) {
+                if e.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)) {
+                    // Everything recorded by that event is done; marks since stay.
+                    e.rec_reads.clear();
+                    e.rec_writes.clear();
+                    if e.reads.is_empty() && e.writes.is_empty() {
+                        e.clear();
+                    }
+                }
+            }
+        }
+        st.entries.retain(|e| !e.is_idle());
+        Ok(())
     }
 
     /// Whether no work is known to be pending (for tests and statistics).

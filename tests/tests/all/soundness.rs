@@ -510,3 +510,39 @@ fn sticky_codes_are_the_headers_terminate_and_relaunch_codes() {
     }
     assert!(!ErrorCode(sys::cudaError::cudaErrorUnknown.0).is_sticky());
 }
+
+/// A synchronous host-to-host copy is made by the CPU inside `cudaMemcpy`, outside any
+/// stream's order: it must wait on the host for a pending GPU write to its source.
+#[test]
+fn a_host_to_host_copy_waits_for_a_pending_gpu_write_to_its_source() {
+    gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let n = 4 << 20;
+    let data = pattern(n, 21);
+    let dev = DeviceBuffer::from_slice(&data).unwrap();
+    let mut pinned = PinnedBuffer::<u32>::zeroed(n, HostAllocFlags::DEFAULT).unwrap();
+    let nb = Stream::non_blocking().unwrap();
+    probes.spin(SPIN, &nb).unwrap();
+    copy_async(&mut pinned, &dev, &nb).unwrap();
+    let mut out = vec![0u32; n];
+    copy(&mut out, &pinned).unwrap();
+    assert!(out == data, "the CPU copied before the DMA wrote");
+}
+
+/// One buffer used from many short-lived streams (more than the fence keeps before pruning),
+/// never waited on by the host in between: every copy lands, and the streams' entries do not
+/// pile up (each stream is destroyed with its last use).
+#[test]
+fn a_buffer_used_from_many_streams_stays_correct() {
+    gpu_or_skip!();
+    let n = 1 << 16;
+    let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
+    for i in 0..40u32 {
+        let s = Stream::non_blocking().unwrap();
+        let src = PinnedBuffer::from_slice(&pattern(n, i), HostAllocFlags::DEFAULT).unwrap();
+        copy_async(&mut dev, &src, &s).unwrap();
+        let mut back = PinnedBuffer::<u32>::zeroed(n, HostAllocFlags::DEFAULT).unwrap();
+        copy_async(&mut back, &dev, &Stream::non_blocking().unwrap()).unwrap();
+        assert!(back.as_slice().unwrap() == &pattern(n, i)[..], "round {i}");
+    }
+}
