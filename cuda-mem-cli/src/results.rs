@@ -144,6 +144,27 @@ pub struct KindError {
     pub message: String,
 }
 
+/// The per-call cost of asynchronous copies (`bench::calls`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRow {
+    /// `loop` (one `copy_async` per copy, µs per copy until synchronized), `enqueue` (host µs
+    /// per call while the stream is held), `quarters_4_streams` / `quarters_1_stream` (µs for
+    /// four quarter copies until synchronized).
+    pub test: &'static str,
+    /// `h2d` or `d2h`.
+    pub direction: &'static str,
+    /// Bytes per copy (for the quarters, of the whole buffer).
+    pub bytes: u64,
+    /// Calls per sample.
+    pub calls: u32,
+    /// Ours, µs (median).
+    pub us: f64,
+    /// Raw `cudaMemcpyAsync`, µs (median).
+    pub raw_us: f64,
+    /// Speed relative to raw: raw time / ours (1.0 = parity), interquartile mean of pairs.
+    pub ratio: f64,
+}
+
 /// Everything `bench` measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchResults {
@@ -161,6 +182,8 @@ pub struct BenchResults {
     pub kernels: Vec<KernelRow>,
     /// Allocation latency.
     pub allocs: Vec<AllocRow>,
+    /// Per-call cost of asynchronous copies.
+    pub calls: Vec<CallRow>,
     /// Data checks.
     pub checks: Vec<Check>,
     /// Kinds not measured.
@@ -286,6 +309,15 @@ pub mod sample {
                 raw_us: 12.0,
                 ratio: 1.0417,
                 note: None,
+            }],
+            calls: vec![CallRow {
+                test: "loop",
+                direction: "h2d",
+                bytes: 4096,
+                calls: 2000,
+                us: 2.05,
+                raw_us: 2.0,
+                ratio: 0.9756,
             }],
             checks: vec![Check {
                 what: "pinned h2d+d2h copies".into(),

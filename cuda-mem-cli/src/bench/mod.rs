@@ -10,6 +10,7 @@
 //! path is verified after its timed runs.
 
 mod alloc;
+mod calls;
 mod copies;
 mod kernels;
 mod raw;
@@ -321,6 +322,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         copies: Vec::new(),
         kernels: Vec::new(),
         allocs: Vec::new(),
+        calls: Vec::new(),
         checks: Vec::new(),
         errors: Vec::new(),
         seconds: 0.0,
@@ -328,6 +330,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     copies::run(&ctx, &cfg, &mut res)?;
     kernels::run(&ctx, &cfg, &mut res)?;
     alloc::run(&ctx, &cfg, &mut res)?;
+    let r = calls::run(&ctx, &cfg, &mut res);
+    attempt(&mut res, &["calls"], "calls", r)?;
     res.seconds = t0.elapsed().as_secs_f64();
     progress(&format!("done in {:.1} s", res.seconds));
     write_outputs(args, &res)?;

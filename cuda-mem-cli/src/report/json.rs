@@ -14,6 +14,7 @@
 //!  "copies": [{"kind", "direction", "bytes", "reps", "samples", "gbps", "raw_gbps", "ratio"}],
 //!  "kernels": [{"kind", "op", "bytes", "samples", "gbps"}],
 //!  "alloc": [{"kind", "bytes", "reps", "us", "raw_us", "ratio", "note"}],
+//!  "calls": [{"test", "direction", "bytes", "calls", "us", "raw_us", "ratio"}],
 //!  "verified": {"ok", "passed", "failed", "checks": [{"what", "bytes", "ok", "detail"}]},
 //!  "errors": [{"kind", "stage", "message"}],
 //!  "seconds": 12.3}
@@ -293,6 +294,17 @@ pub fn bench_json(r: &BenchResults) -> Json {
             ("note", a.note.into()),
         ])
     });
+    let calls = r.calls.iter().map(|c| {
+        obj([
+            ("test", c.test.into()),
+            ("direction", c.direction.into()),
+            ("bytes", c.bytes.into()),
+            ("calls", c.calls.into()),
+            ("us", round(c.us, 4)),
+            ("raw_us", round(c.raw_us, 4)),
+            ("ratio", round(c.ratio, 4)),
+        ])
+    });
     let checks = r.checks.iter().map(|c| {
         obj([
             ("what", c.what.as_str().into()),
@@ -343,6 +355,7 @@ pub fn bench_json(r: &BenchResults) -> Json {
         ("copies", Json::Arr(copies.collect())),
         ("kernels", Json::Arr(kernels.collect())),
         ("alloc", Json::Arr(allocs.collect())),
+        ("calls", Json::Arr(calls.collect())),
         (
             "verified",
             obj([
@@ -407,6 +420,7 @@ mod tests {
                 "copies",
                 "kernels",
                 "alloc",
+                "calls",
                 "verified",
                 "errors",
                 "seconds"
