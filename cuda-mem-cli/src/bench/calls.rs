@@ -59,14 +59,20 @@ impl Pair<'_> {
 }
 
 /// `samples` interleaved pairs of `sample(true)` (ours) and `sample(false)` (raw), after one
-/// warm-up of each.
+/// warm-up of each; which of the two runs first alternates from pair to pair, so that an
+/// advantage of going first or second cancels out.
 fn paired(samples: u32, mut sample: impl FnMut(bool) -> Result<f64>) -> Result<Paired> {
     sample(true)?;
     sample(false)?;
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..samples {
-        a.push(sample(true)?);
-        b.push(sample(false)?);
+    for i in 0..samples.max(2) {
+        if i % 2 == 0 {
+            a.push(sample(true)?);
+            b.push(sample(false)?);
+        } else {
+            b.push(sample(false)?);
+            a.push(sample(true)?);
+        }
     }
     Ok(Paired::new(&a, &b))
 }
@@ -86,7 +92,8 @@ fn row(test: &'static str, dir: &'static str, bytes: u64, calls: u32, t: Paired)
 
 /// Runs the three measurements in both directions.
 pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
-    let samples = cfg.samples.max(5);
+    // Small per-call differences need more pairs than bandwidth does.
+    let samples = (cfg.samples * 2).max(10);
     let mut host = PinnedBuffer::<u8>::zeroed(4 * QUARTER, HostAllocFlags::DEFAULT)?;
     let mut dev = DeviceBuffer::<u8>::zeroed(4 * QUARTER)?;
     let streams: Vec<Stream> = (0..4)

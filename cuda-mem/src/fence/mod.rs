@@ -88,7 +88,7 @@ impl Fence {
     /// nothing may be queued.
     pub(crate) fn begin<'a>(
         &'a self,
-        stream: &Stream,
+        stream: &'a Stream,
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
@@ -98,7 +98,7 @@ impl Fence {
         self.core.begin(stream.inner(), bytes, access)?;
         Ok(Use {
             fence: self,
-            stream: stream.inner().clone(),
+            stream: stream.inner(),
             bytes,
             access,
         })
@@ -134,13 +134,13 @@ impl Fence {
 #[must_use]
 pub(crate) struct Use<'a> {
     fence: &'a Fence,
-    stream: Arc<StreamInner>,
+    stream: &'a Arc<StreamInner>,
     bytes: (usize, usize),
     access: Access,
 }
 
 impl Drop for Use<'_> {
     fn drop(&mut self) {
-        self.fence.core.end(&self.stream, self.bytes, self.access);
+        self.fence.core.end(self.stream, self.bytes, self.access);
     }
 }

@@ -468,10 +468,19 @@ fn streams_and_events_know_their_device() {
 #[test]
 fn sticky_codes_are_the_headers_terminate_and_relaunch_codes() {
     let include = env!("CUDA_MEM_TESTS_INCLUDE");
-    let header = std::env::split_paths(include)
+    let Some(header) = std::env::split_paths(include)
         .map(|d| d.join("driver_types.h"))
         .find(|p| p.exists())
-        .expect("driver_types.h next to cuda_runtime_api.h");
+    else {
+        // A bundle run on a machine without the toolkit it was built against; the build
+        // machine always has it (cuda-mem-sys found it), and CI runs this there.
+        assert!(
+            include.is_empty() || cuda_mem_tests::has_gpu(),
+            "driver_types.h not found in {include}"
+        );
+        cuda_mem_tests::skip("sticky codes: the toolkit headers are not on this machine");
+        return;
+    };
     let text = std::fs::read_to_string(header).unwrap();
     let start = text.find("enum __device_builtin__ cudaError").unwrap();
     let body = &text[start..start + text[start..].find("};").unwrap()];
