@@ -26,7 +26,7 @@ apt_install() {
 is_libclang() {
   local n; n=$(basename "$1")
   case "$n" in libclang-cpp*) return 1 ;; esac
-  [[ "$n" =~ ^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$ ]] && [ -e "$1" ]
+  [[ "$n" =~ ^libclang(-[0-9.]+)?\.so(\.[0-9]+)*$ ]]
 }
 have_libclang() {
   local f

@@ -145,6 +145,9 @@ fn struct_body<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 }
 
 fn has_field(body: &str, field: &str) -> bool {
-    body.split(',')
-        .any(|f| f.trim().strip_prefix("pub ").is_some_and(|f| f.starts_with(&format!("{field}:"))))
+    body.split(',').any(|f| {
+        f.trim()
+            .strip_prefix("pub ")
+            .is_some_and(|f| f.starts_with(&format!("{field}:")))
+    })
 }

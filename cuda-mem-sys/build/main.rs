@@ -38,8 +38,12 @@
 //! # Environment
 //!
 //! - `CUDA_PATH`, `CUDA_HOME`, `CUDA_ROOT`, `CUDA_TOOLKIT_ROOT_DIR`: a toolkit root, tried
-//!   in that order before `nvcc` on `PATH`, `/usr/local/cuda`, `/opt/cuda`, `/usr` and the
-//!   pip wheel layout (`site-packages/nvidia/cu13`, `nvidia/cuda_runtime`).
+//!   in that order before `nvcc` on `PATH`, the conda environment (`CONDA_PREFIX`, toolkit in
+//!   `targets/x86_64-linux`), `/usr/local/cuda`, `/usr/local/cuda-X.Y` (newest first),
+//!   `/opt/cuda`, NVIDIA's wheels in the active Python environment
+//!   (`site-packages/nvidia/cu13`, `nvidia/cuda_runtime` + `nvidia/cuda_nvcc`) and last the
+//!   distribution's packages (`/usr/include`, `/usr/lib/x86_64-linux-gnu`). Every root may
+//!   also keep its files in `targets/x86_64-linux/`.
 //! - `CUDA_MEM_SYS_LINK=dynamic` (or the `dynamic-link` feature): link `libcudart.so`
 //!   instead of `libcudart_static.a`.
 //! - `CUDA_MEM_SYS_FALLBACK_BINDINGS=1`, or `DOCS_RS`: use the committed bindings in
@@ -93,8 +97,10 @@ fn main() {
             .map(|n| (n.to_string(), env_var(n)))
             .collect(),
         path: env_var("PATH"),
+        conda_prefix: env_var("CONDA_PREFIX"),
         system_dirs: toolkit::Inputs::default_system_dirs(),
         site_packages: python_site_packages(),
+        distro_dirs: toolkit::Inputs::default_distro_dirs(),
     };
     let tk = match toolkit::find(&inputs) {
         Ok(tk) => tk,
@@ -140,8 +146,12 @@ fn main() {
 /// Detects the features the bindings in `file` declare, sets `cudart_<feature>` cfgs on this
 /// crate and publishes them to dependants (`DEP_CUDART_FEATURES`).
 fn publish_features(file: &Path) -> Vec<&'static str> {
-    let text = std::fs::read_to_string(file)
-        .unwrap_or_else(|e| fail(&format!("cuda-mem-sys: cannot read {}: {e}", file.display())));
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| {
+        fail(&format!(
+            "cuda-mem-sys: cannot read {}: {e}",
+            file.display()
+        ))
+    });
     let found = features::detect(&text);
     for (name, _) in features::ALL {
         println!("cargo:rustc-check-cfg=cfg(cudart_{name})");
