@@ -42,11 +42,11 @@ pub const ALL: [(&str, &str); 10] = [
     ),
     (
         "error_contained",
-        "cudaErrorContained is a known cudaError_t value (12.4+)",
+        "cudaErrorContained is a known cudaError_t value (12.9 and 13.x have it, 12.0 and 12.4 not)",
     ),
     (
         "error_tensor_memory_leak",
-        "cudaErrorTensorMemoryLeak is a known cudaError_t value (12.8+)",
+        "cudaErrorTensorMemoryLeak is a known cudaError_t value (12.9 and 13.x have it, 12.0 and 12.4 not)",
     ),
 ];
 
