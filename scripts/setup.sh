@@ -76,11 +76,14 @@ pypi_newest() {
   local line
   line=$(python3 -m pip index versions "$1" 2>/dev/null | sed -n 's/^Available versions: //p')
   [ -n "$line" ] || { log "pip index versions $1 failed (no network, or no such package)"; return 1; }
-  tr ',' '\n' <<<"$line" | tr -d ' ' | grep -E "^${2//./\\.}(\\.|$)" | head -n1
+  local pattern="^"
+  [ -z "$2" ] || pattern="^${2//./\\.}(\\.|$)"
+  tr ',' '\n' <<<"$line" | tr -d ' ' | { grep -E "$pattern" || true; } | head -n1
 }
 
 if [ "$want" = newest ]; then
   v=$(pypi_newest nvidia-cuda-runtime "") || exit 1
+  [ -n "$v" ] || { log "no nvidia-cuda-runtime version on PyPI"; exit 1; }
   want=$(cut -d. -f1,2 <<<"$v")
   log "newest CUDA runtime on PyPI: $v (CUDA $want)"
 fi
