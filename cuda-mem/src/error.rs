@@ -365,7 +365,10 @@ impl fmt::Display for Error {
                     runtime = crate::BUILT_CUDART_VERSION as i32;
                 }
                 let have = if d == sys::cudaError::cudaSuccess && driver > 0 {
-                    format!("the installed NVIDIA driver supports CUDA {}", version(driver))
+                    format!(
+                        "the installed NVIDIA driver supports CUDA {}",
+                        version(driver)
+                    )
                 } else {
                     "the installed NVIDIA driver's CUDA version is unknown".to_string()
                 };
