@@ -287,8 +287,11 @@ pub fn find(inputs: &Inputs) -> Result<Toolkit, NotFound> {
         }
     }
     if inputs.site_packages.is_empty() {
-        tried
-            .push("pip wheels (nvidia/cu13, nvidia/cuda_runtime): no python3 site-packages".into());
+        tried.push(
+            "pip wheels (nvidia/cu13, nvidia/cuda_runtime): none in the active Python \
+                   environment ($PYTHON, else python3 on PATH)"
+                .into(),
+        );
     } else {
         tried.push(format!(
             "pip wheels: no nvidia/cu13 or nvidia/cuda_runtime with cudart in {}",
