@@ -11,6 +11,9 @@
 #                       # (out of memory, double registration) and checks them itself.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# A bundle built against a toolkit without libcudart_static.a carries libcudart.so.N here.
+[ -d "$here/lib" ] && export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+head -n1 "$here/VERSION" 2>/dev/null
 export CUDA_MEM_REQUIRE_GPU=1
 export CUDA_MEM_BIN="$here/bin/cuda-mem"
 export CUDA_MEM_STRESS_SECS="${CUDA_MEM_STRESS_SECS:-10}"

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds every test, example and the cuda-mem binary of the workspace in release mode into one
 # self-contained folder, with a runner, for an x86-64 Linux machine that has only the NVIDIA
-# driver (cudart is linked statically).
+# driver. cudart is linked statically where the toolkit has libcudart_static.a; otherwise
+# (CUDA 12.0 to 12.4 wheels) the bundle carries the toolkit's libcudart.so.N in lib/, found
+# through the executables' rpath ($ORIGIN/../lib) and run.sh's LD_LIBRARY_PATH.
 #
-#   scripts/bundle.sh                     # bundle/cuda-13.0/ (or the installed toolkit's)
-#   CUDA_MEM_CUDA=12.9 scripts/bundle.sh  # bundle/cuda-12.9/
+#   scripts/bundle.sh                         # bundle/cuda-13.0/ (or the installed toolkit's)
+#   CUDA_MEM_CUDA=12.0 scripts/bundle.sh      # bundle/cuda-12.0/ (dynamic cudart carried)
+#   CUDA_MEM_CUDA=newest scripts/bundle.sh    # bundle/cuda-13.5/ (today's newest on PyPI)
 #
+# Builds into CARGO_TARGET_DIR when set (executables are taken from cargo's JSON messages).
 # On the GPU machine:  bundle/cuda-13.0/run.sh            (ends with `N passed, M failed`)
 #                      bundle/cuda-13.0/run.sh --memcheck (each test under compute-sanitizer)
 set -euo pipefail
@@ -31,14 +35,31 @@ for line in sys.stdin:
         print("bin", t["name"], m["executable"])
 '
 }
-{
-  cargo test --release --workspace --no-run --message-format=json 2>/dev/null
-  cargo build --release --workspace --bins --examples --message-format=json 2>/dev/null
-} | collect | while read -r dir name exe; do
+# The rpath costs nothing where cudart is static; where it is not, it finds bundle/lib.
+export RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-Wl,-rpath,\$ORIGIN/../lib"
+msgs=$(mktemp)
+trap 'rm -f "$msgs"' EXIT
+# Build output goes to stderr (errors stay visible); only the JSON is read.
+cargo test --release --workspace --no-run --message-format=json >"$msgs"
+cargo build --release --workspace --bins --examples --message-format=json >>"$msgs"
+collect <"$msgs" | while read -r dir name exe; do
   cp "$exe" "$out/$dir/$name"
 done
+[ -x "$out/bin/cuda-mem" ] || { echo "bundle.sh: no cuda-mem executable was built" >&2; exit 1; }
+
+# A dynamically linked cudart travels with the bundle.
+need=$(readelf -d "$out/bin/cuda-mem" | sed -n 's/.*NEEDED.*\[\(libcudart\.so[^]]*\)\].*/\1/p')
+link="static cudart"
+if [ -n "$need" ]; then
+  lib=$(find -L "$root" -name "$need" -type f 2>/dev/null | head -n1)
+  [ -n "$lib" ] || { echo "bundle.sh: $need not found under $root" >&2; exit 1; }
+  mkdir -p "$out/lib"
+  cp -L "$lib" "$out/lib/$need"
+  link="dynamic cudart: lib/$need"
+fi
 cp scripts/bundle-run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
-echo "CUDA $ver" > "$out/VERSION"
+printf 'CUDA %s (%s), headers from %s\n' "$ver" "$link" "$root" > "$out/VERSION"
+[ -f "$root/WHEELS" ] && sed 's/^/  wheel /' "$root/WHEELS" >> "$out/VERSION"
 du -sh "$out"
 ls "$out/tests" "$out/bin"

@@ -5,11 +5,26 @@
 #   scripts/cuda-mem.sh info            # devices and their memory capabilities
 #   scripts/cuda-mem.sh bench --quick   # under 30 s
 #
-# Installs what is missing by itself (scripts/setup.sh).
+# Installs what is missing by itself (scripts/setup.sh). Honours CARGO_TARGET_DIR (and any
+# target-dir in cargo's configuration): the binary is taken from cargo's own report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(scripts/setup.sh | tail -n1)
 export CUDA_PATH="$root"
-cargo build --release -q -p cuda-mem-cli
+# A toolkit without libcudart_static.a (e.g. 12.0 wheels) is linked dynamically: let the
+# loader find its cudart.
+for l in lib64 lib lib/x86_64-linux-gnu targets/x86_64-linux/lib; do
+  if compgen -G "$root/$l/libcudart.so*" >/dev/null; then
+    export LD_LIBRARY_PATH="$root/$l${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break
+  fi
+done
+exe=$(cargo build --release -q -p cuda-mem-cli --bin cuda-mem --message-format=json |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda-mem":
+        print(m["executable"])')
+[ -n "$exe" ] || { echo "cuda-mem.sh: cargo reported no cuda-mem executable" >&2; exit 1; }
 [ $# -gt 0 ] || set -- bench
-exec target/release/cuda-mem "$@"
+exec "$exe" "$@"

@@ -3,15 +3,25 @@
 # (GPU tests skip visibly without a device; CUDA_MEM_REQUIRE_GPU=1 makes them fail instead)
 # and Miri over the code that needs no GPU (where the nightly Miri component is installed).
 #
-#   scripts/test.sh                      # against the installed toolkit, or CUDA 13.0 wheels
-#   CUDA_MEM_CUDA=12.9 scripts/test.sh   # against the CUDA 12.9 wheels
+#   scripts/test.sh                        # against the installed toolkit, or CUDA 13.0 wheels
+#   CUDA_MEM_CUDA=12.0 scripts/test.sh     # against the CUDA 12.0 wheels (any 12.x / 13.x)
+#   CUDA_MEM_CUDA=newest scripts/test.sh   # against the newest runtime on PyPI
+#   CUDA_MEM_SKIP_MIRI=1 scripts/test.sh   # everything but Miri (CI runs Miri once)
 #
 # Installs what is missing by itself (scripts/setup.sh): libclang, and the CUDA wheels into
-# .cuda/ only when no toolkit is found.
+# .cuda/ only when no toolkit is found (or the one asked for). Builds into CARGO_TARGET_DIR
+# when set; switching toolkits rebuilds only cuda-mem-sys and the crates that depend on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(scripts/setup.sh | tail -n1)
 export CUDA_PATH="$root"
+# A toolkit without libcudart_static.a (e.g. 12.0 wheels) is linked dynamically: the test
+# executables must find its cudart.
+for l in lib64 lib lib/x86_64-linux-gnu targets/x86_64-linux/lib; do
+  if compgen -G "$root/$l/libcudart.so*" >/dev/null; then
+    export LD_LIBRARY_PATH="$root/$l${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break
+  fi
+done
 echo "== cuda-mem tests against $CUDA_PATH"
 export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
 export RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings"
@@ -21,6 +31,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo doc --workspace --no-deps
 cargo test --workspace
 
+if [ -n "${CUDA_MEM_SKIP_MIRI:-}" ]; then
+  echo "SKIP Miri: CUDA_MEM_SKIP_MIRI is set"
+  exit 0
+fi
 if ! cargo +nightly miri --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
   echo "== installing Miri (rustup component add miri --toolchain nightly)"
   timeout 600 rustup component add miri rust-src --toolchain nightly >/dev/null 2>&1 || true

@@ -34,24 +34,50 @@ fn whole_words(op: &'static str, bytes: usize) -> Result<u64> {
     Ok((bytes / 16) as u64)
 }
 
-/// A loaded module (`cudaLibrary_t`), unloaded on drop.
+/// A kernel handle: a `cudaKernel_t` where the headers declare the runtime's library API
+/// (CUDA 12.5+, feature `library`), else a driver-API `CUfunction`.
+#[cfg(cudart_library)]
+type RawKernel = sys::cudaKernel_t;
+/// A kernel handle: a `cudaKernel_t` where the headers declare the runtime's library API
+/// (CUDA 12.5+, feature `library`), else a driver-API `CUfunction`.
+#[cfg(not(cudart_library))]
+type RawKernel = driver::CUfunction;
+
+/// A loaded module, unloaded on drop: a `cudaLibrary_t` where the headers declare the runtime's
+/// library API, else a driver-API `CUmodule` in the runtime's primary context (CUDA 12.0 to
+/// 12.4 have no runtime call that loads PTX).
 #[derive(Debug)]
 pub struct Library {
+    #[cfg(cudart_library)]
     raw: sys::cudaLibrary_t,
+    #[cfg(not(cudart_library))]
+    raw: driver::Module,
 }
 
-// SAFETY: a cudaLibrary_t is a handle the thread-safe runtime lets any thread use.
+// SAFETY: a cudaLibrary_t, or a CUmodule with its context, is a handle that the thread-safe
+// runtime and driver let any thread use.
 unsafe impl Send for Library {}
-// SAFETY: only `&self` methods that pass the handle to thread-safe runtime calls.
+// SAFETY: only `&self` methods that pass the handle to thread-safe runtime or driver calls.
 unsafe impl Sync for Library {}
 
 /// A kernel of a [`Library`], borrowed from it.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernel<'lib> {
-    raw: sys::cudaKernel_t,
-    _lib: &'lib Library,
+    raw: RawKernel,
+    lib: &'lib Library,
 }
 
+fn kernel_name(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| {
+        Misuse::InvalidArgument {
+            op: "Library::kernel",
+            reason: format!("kernel name {name:?} contains a NUL byte"),
+        }
+        .into()
+    })
+}
+
+#[cfg(cudart_library)]
 impl Library {
     /// Loads a PTX image (NUL-terminated text); the driver compiles it for the current device.
     pub fn load_ptx(image: &CStr) -> Result<Self> {
@@ -77,18 +103,16 @@ impl Library {
 
     /// The kernel named `name` (its `.entry` name).
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
-        let cname = CString::new(name).map_err(|_| Misuse::InvalidArgument {
-            op: "Library::kernel",
-            reason: format!("kernel name {name:?} contains a NUL byte"),
-        })?;
+        let cname = kernel_name(name)?;
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer, live library, NUL-terminated name.
         let code = unsafe { sys::cudaLibraryGetKernel(&mut raw, self.raw, cname.as_ptr()) };
         check(code, || format!("cudaLibraryGetKernel({name})"))?;
-        Ok(Kernel { raw, _lib: self })
+        Ok(Kernel { raw, lib: self })
     }
 }
 
+#[cfg(cudart_library)]
 impl Drop for Library {
     fn drop(&mut self) {
         // SAFETY: we own the handle; errors are ignored (drop never panics).
@@ -96,8 +120,28 @@ impl Drop for Library {
     }
 }
 
+#[cfg(not(cudart_library))]
+impl Library {
+    /// Loads a PTX image (NUL-terminated text); the driver compiles it for the current device.
+    pub fn load_ptx(image: &CStr) -> Result<Self> {
+        Ok(Library {
+            raw: driver::Module::load(image)?,
+        })
+    }
+
+    /// The kernel named `name` (its `.entry` name).
+    pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
+        let cname = kernel_name(name)?;
+        Ok(Kernel {
+            raw: self.raw.function(&cname)?,
+            lib: self,
+        })
+    }
+}
+
 impl Kernel<'_> {
-    /// Launches the kernel (`cudaLaunchKernel`) with a 1-D grid.
+    /// Launches the kernel with a 1-D grid (`cudaLaunchKernel`, or `cuLaunchKernel` for a
+    /// driver-API module).
     ///
     /// # Safety
     /// `args` must hold one pointer per kernel parameter, each to a value of that parameter's
@@ -111,31 +155,265 @@ impl Kernel<'_> {
         stream: &Stream,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        let g = sys::dim3 {
-            x: grid,
-            y: 1,
-            z: 1,
-        };
-        let b = sys::dim3 {
-            x: block,
-            y: 1,
-            z: 1,
-        };
-        // SAFETY: the caller guarantees the arguments; a cudaKernel_t may be passed as the
-        // function pointer of cudaLaunchKernel (documented by the runtime since CUDA 12.0).
-        let code = unsafe {
-            sys::cudaLaunchKernel(
-                self.raw as *const c_void,
-                g,
-                b,
-                args.as_mut_ptr(),
-                shared_bytes,
-                stream.as_raw(),
-            )
-        };
-        check(code, || {
-            format!("cudaLaunchKernel(grid {grid}, block {block}, {shared_bytes} bytes shared)")
+        #[cfg(cudart_library)]
+        {
+            let _ = self.lib;
+            let g = sys::dim3 {
+                x: grid,
+                y: 1,
+                z: 1,
+            };
+            let b = sys::dim3 {
+                x: block,
+                y: 1,
+                z: 1,
+            };
+            // SAFETY: the caller guarantees the arguments; a cudaKernel_t may be passed as the
+            // function pointer of cudaLaunchKernel (documented by the runtime since CUDA 12.0).
+            let code = unsafe {
+                sys::cudaLaunchKernel(
+                    self.raw as *const c_void,
+                    g,
+                    b,
+                    args.as_mut_ptr(),
+                    shared_bytes,
+                    stream.as_raw(),
+                )
+            };
+            check(code, || {
+                format!("cudaLaunchKernel(grid {grid}, block {block}, {shared_bytes} bytes shared)")
+            })
+        }
+        #[cfg(not(cudart_library))]
+        // SAFETY: the caller guarantees the arguments; `raw` is a function of `lib`'s module.
+        unsafe {
+            self.lib
+                .raw
+                .launch(self.raw, grid, block, shared_bytes, stream, args)
+        }
+    }
+}
+
+/// The driver API, for toolkits whose runtime cannot load PTX (no `cudaLibrary*` before CUDA
+/// 12.5). `libcuda.so.1` is opened at run time (the driver is never linked), the module is
+/// loaded into the runtime's primary context of the current device, and every call is made
+/// with that context current. Driver and runtime share the numbering of the error codes
+/// these calls return (`CUDA_ERROR_ILLEGAL_ADDRESS` = `cudaErrorIllegalAddress` = 700, ...).
+#[cfg(not(cudart_library))]
+mod driver {
+    use std::ffi::{c_char, c_int, c_uint, CStr};
+    use std::os::raw::c_void;
+    use std::sync::OnceLock;
+
+    use cuda_mem::{sys, Error, ErrorCode, Result, Stream};
+
+    pub type CUfunction = *mut c_void;
+    type CUmodule = *mut c_void;
+    type CUcontext = *mut c_void;
+    type CUresult = c_int;
+
+    type ModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
+    type ModuleGetFunction =
+        unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
+    type ModuleUnload = unsafe extern "C" fn(CUmodule) -> CUresult;
+    type LaunchKernel = unsafe extern "C" fn(
+        CUfunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        sys::cudaStream_t,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CUresult;
+    type CtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+    type CtxPushCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+
+    /// The driver entry points the probes use, resolved once.
+    struct Api {
+        module_load_data: ModuleLoadData,
+        module_get_function: ModuleGetFunction,
+        module_unload: ModuleUnload,
+        launch_kernel: LaunchKernel,
+        ctx_get_current: CtxGetCurrent,
+        ctx_push_current: CtxPushCurrent,
+        ctx_pop_current: CtxGetCurrent,
+    }
+
+    /// `cudaErrorInsufficientDriver`: what the runtime itself answers without a driver.
+    fn no_driver(call: String) -> Error {
+        Error::Cuda {
+            code: ErrorCode(sys::cudaError::cudaErrorInsufficientDriver.0),
+            call,
+        }
+    }
+
+    fn api() -> Result<&'static Api> {
+        static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+        API.get_or_init(|| {
+            // SAFETY: a NUL-terminated name; dlopen has no other preconditions.
+            let lib = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+            if lib.is_null() {
+                return Err("dlopen(libcuda.so.1)".to_string());
+            }
+            let sym = |name: &CStr| {
+                // SAFETY: `lib` is a live handle (never closed); `name` is NUL-terminated.
+                let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+                if p.is_null() {
+                    Err(format!("dlsym({})", name.to_string_lossy()))
+                } else {
+                    Ok(p)
+                }
+            };
+            // Each symbol becomes the function pointer type of its C signature in cuda.h.
+            macro_rules! driver_fn {
+                ($name:literal as $ty:ty) => {{
+                    let p = sym($name)?;
+                    // SAFETY: `p` is the driver's function of that name, whose C signature
+                    // (cuda.h) is `$ty`.
+                    unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
+                }};
+            }
+            Ok(Api {
+                module_load_data: driver_fn!(c"cuModuleLoadData" as ModuleLoadData),
+                module_get_function: driver_fn!(c"cuModuleGetFunction" as ModuleGetFunction),
+                module_unload: driver_fn!(c"cuModuleUnload" as ModuleUnload),
+                launch_kernel: driver_fn!(c"cuLaunchKernel" as LaunchKernel),
+                ctx_get_current: driver_fn!(c"cuCtxGetCurrent" as CtxGetCurrent),
+                ctx_push_current: driver_fn!(c"cuCtxPushCurrent_v2" as CtxPushCurrent),
+                ctx_pop_current: driver_fn!(c"cuCtxPopCurrent_v2" as CtxGetCurrent),
+            })
         })
+        .as_ref()
+        .map_err(|call| no_driver(call.clone()))
+    }
+
+    fn check(code: CUresult, call: impl FnOnce() -> String) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        Err(Error::Cuda {
+            code: ErrorCode(code as u32),
+            call: call(),
+        })
+    }
+
+    /// A `CUmodule` and the context it was loaded into.
+    #[derive(Debug)]
+    pub struct Module {
+        module: CUmodule,
+        ctx: CUcontext,
+    }
+
+    impl Module {
+        pub fn load(image: &CStr) -> Result<Module> {
+            // The runtime's primary context of the current device, made current on this
+            // thread by the runtime itself (cudaFree(NULL) only initialises it).
+            // SAFETY: freeing NULL is a no-op besides context initialisation.
+            let code = unsafe { sys::cudaFree(std::ptr::null_mut()) };
+            super::check(code, || {
+                "cudaFree(NULL) (initialises the runtime's context)".into()
+            })?;
+            let api = api()?;
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            check(unsafe { (api.ctx_get_current)(&mut ctx) }, || {
+                "cuCtxGetCurrent".into()
+            })?;
+            let mut module = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; `image` is a NUL-terminated PTX text; `ctx` is current.
+            let code = unsafe { (api.module_load_data)(&mut module, image.as_ptr().cast()) };
+            check(code, || {
+                format!("cuModuleLoadData({} bytes)", image.to_bytes().len())
+            })?;
+            Ok(Module { module, ctx })
+        }
+
+        /// Runs `f` with the module's context current on this thread (pushed and popped
+        /// again when another, or none, is current).
+        fn in_context<R>(&self, f: impl FnOnce(&Api) -> Result<R>) -> Result<R> {
+            let api = api()?;
+            let mut cur = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            check(unsafe { (api.ctx_get_current)(&mut cur) }, || {
+                "cuCtxGetCurrent".into()
+            })?;
+            if cur == self.ctx {
+                return f(api);
+            }
+            // SAFETY: the context the module lives in (the runtime's primary context).
+            check(unsafe { (api.ctx_push_current)(self.ctx) }, || {
+                "cuCtxPushCurrent".into()
+            })?;
+            let r = f(api);
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops what was pushed above, restoring the thread's previous context.
+            unsafe { (api.ctx_pop_current)(&mut popped) };
+            r
+        }
+
+        pub fn function(&self, name: &CStr) -> Result<CUfunction> {
+            self.in_context(|api| {
+                let mut f = std::ptr::null_mut();
+                // SAFETY: valid out-pointer, live module, NUL-terminated name.
+                let code = unsafe { (api.module_get_function)(&mut f, self.module, name.as_ptr()) };
+                check(code, || {
+                    format!("cuModuleGetFunction({})", name.to_string_lossy())
+                })?;
+                Ok(f)
+            })
+        }
+
+        /// # Safety
+        /// As [`Kernel::launch`](super::Kernel::launch); `f` is a function of this module.
+        pub unsafe fn launch(
+            &self,
+            f: CUfunction,
+            grid: u32,
+            block: u32,
+            shared_bytes: usize,
+            stream: &Stream,
+            args: &mut [*mut c_void],
+        ) -> Result<()> {
+            let shared = u32::try_from(shared_bytes).unwrap_or(u32::MAX);
+            self.in_context(|api| {
+                // SAFETY: the caller guarantees the arguments; a runtime stream is a driver
+                // CUstream of the same (primary) context.
+                let code = unsafe {
+                    (api.launch_kernel)(
+                        f,
+                        grid,
+                        1,
+                        1,
+                        block,
+                        1,
+                        1,
+                        shared,
+                        stream.as_raw(),
+                        args.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                };
+                check(code, || {
+                    format!(
+                        "cuLaunchKernel(grid {grid}, block {block}, {shared_bytes} bytes shared)"
+                    )
+                })
+            })
+        }
+    }
+
+    impl Drop for Module {
+        fn drop(&mut self) {
+            let _ = self.in_context(|api| {
+                // SAFETY: we own the module; errors are ignored (drop never panics).
+                unsafe { (api.module_unload)(self.module) };
+                Ok(())
+            });
+        }
     }
 }
 
@@ -280,11 +558,11 @@ SPIN_LOOP:
 #[derive(Debug)]
 pub struct Probes {
     // Field order: the kernel handles are dropped before the library that owns them.
-    read: sys::cudaKernel_t,
-    write: sys::cudaKernel_t,
-    fault: sys::cudaKernel_t,
-    wait: sys::cudaKernel_t,
-    spin: sys::cudaKernel_t,
+    read: RawKernel,
+    write: RawKernel,
+    fault: RawKernel,
+    wait: RawKernel,
+    spin: RawKernel,
     lib: Library,
     sms: u32,
 }
@@ -311,10 +589,10 @@ impl Probes {
         })
     }
 
-    fn kernel(&self, raw: sys::cudaKernel_t) -> Kernel<'_> {
+    fn kernel(&self, raw: RawKernel) -> Kernel<'_> {
         Kernel {
             raw,
-            _lib: &self.lib,
+            lib: &self.lib,
         }
     }
 

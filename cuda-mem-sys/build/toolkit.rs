@@ -62,7 +62,8 @@ impl fmt::Display for NotFound {
         writeln!(
             f,
             "A toolkit counts when it has include/cuda_runtime_api.h and cudart \
-             (libcudart_static.a or libcudart.so) in lib64/, lib/ or lib/x86_64-linux-gnu/."
+             (libcudart_static.a or libcudart.so) in lib64/, lib/ or lib/x86_64-linux-gnu/ \
+             (or both in {TARGET_SUBDIR}/). CUDA 12.0 or newer is supported."
         )?;
         writeln!(f, "Tried, in order:")?;
         for t in &self.tried {
@@ -82,16 +83,23 @@ impl fmt::Display for NotFound {
         writeln!(
             f,
             "  - the runtime wheels (no GPU needed to build):  python3 -m pip install \
-             nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88"
+             nvidia-cuda-runtime nvidia-cuda-crt   (CUDA 13.x; for 12.x: \
+             nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12)"
         )?;
         writeln!(
             f,
-            "    or, in this repository, scripts/setup.sh (puts them in .cuda/13.0)"
+            "    or, in this repository, scripts/setup.sh (puts CUDA 13.0 in .cuda/13.0; \
+             CUDA_MEM_CUDA=12.4 scripts/setup.sh for another version)"
+        )?;
+        writeln!(
+            f,
+            "  - conda:  conda install -c nvidia cuda-cudart-dev cuda-nvcc   \
+             (in the active environment: $CONDA_PREFIX)"
         )?;
         writeln!(f)?;
         write!(
             f,
-            "Or point CUDA_PATH at a toolkit root. To build documentation only, set \
+            "Or point CUDA_PATH (or CUDA_HOME) at a toolkit root. To build documentation only, set \
              CUDA_MEM_SYS_FALLBACK_BINDINGS=1 (uses the committed bindings, links nothing)."
         )
     }
@@ -104,20 +112,53 @@ pub struct Inputs {
     pub env: Vec<(String, Option<OsString>)>,
     /// The `PATH` variable.
     pub path: Option<OsString>,
-    /// Fixed system folders: `/usr/local/cuda`, `/opt/cuda`, `/usr` by default.
+    /// `$CONDA_PREFIX`, the active conda environment (toolkit in `targets/x86_64-linux`).
+    pub conda_prefix: Option<OsString>,
+    /// Toolkits installed by NVIDIA's installer or repository: `/usr/local/cuda`, then
+    /// `/usr/local/cuda-X.Y` newest first, then `/opt/cuda` by default.
     pub system_dirs: Vec<PathBuf>,
     /// Python `site-packages` folders (for the wheel layout).
     pub site_packages: Vec<PathBuf>,
+    /// Distribution packages, searched last: `/usr` by default (headers in `/usr/include`,
+    /// cudart in `/usr/lib/x86_64-linux-gnu`).
+    pub distro_dirs: Vec<PathBuf>,
 }
 
 impl Inputs {
-    /// The default system folders, in search order.
+    /// The default toolkit folders of NVIDIA's installer, in search order.
     pub fn default_system_dirs() -> Vec<PathBuf> {
-        ["/usr/local/cuda", "/opt/cuda", "/usr"]
-            .iter()
-            .map(PathBuf::from)
-            .collect()
+        let mut dirs = vec![PathBuf::from("/usr/local/cuda")];
+        dirs.extend(versioned_dirs(Path::new("/usr/local")));
+        dirs.push(PathBuf::from("/opt/cuda"));
+        dirs
     }
+
+    /// The default folders of distribution packages.
+    pub fn default_distro_dirs() -> Vec<PathBuf> {
+        vec![PathBuf::from("/usr")]
+    }
+}
+
+/// The `cuda-X.Y` folders in `parent`, newest version first (`cuda-12.10` after `cuda-13.0`,
+/// before `cuda-12.9`).
+pub fn versioned_dirs(parent: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(Vec<u32>, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let version: Option<Vec<u32>> = name
+                .strip_prefix("cuda-")?
+                .split('.')
+                .map(|n| n.parse().ok())
+                .collect();
+            Some((version?, e.path()))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.into_iter().map(|(_, p)| p).collect()
 }
 
 /// The folder among [`LIB_DIRS`] below `root` that holds cudart, if any.
@@ -139,12 +180,24 @@ fn has_cudart(dir: &Path) -> bool {
     })
 }
 
-/// Checks one candidate root; `Err` says why it does not count.
+/// Where a toolkit root keeps the x86-64 Linux headers and libraries when they are not in
+/// `include/` and `lib64/` directly (conda, NVIDIA's cross-platform layout).
+pub const TARGET_SUBDIR: &str = "targets/x86_64-linux";
+
+/// Checks one candidate root (or its [`TARGET_SUBDIR`]); `Err` says why it does not count.
 pub fn check_root(root: &Path, found_by: &str) -> Result<Toolkit, String> {
+    let target = root.join(TARGET_SUBDIR);
+    let root = if !root.join("include/cuda_runtime_api.h").is_file()
+        && target.join("include/cuda_runtime_api.h").is_file()
+    {
+        target.as_path()
+    } else {
+        root
+    };
     let include = root.join("include");
     if !include.join("cuda_runtime_api.h").is_file() {
         return Err(format!(
-            "{found_by}: {} has no include/cuda_runtime_api.h",
+            "{found_by}: {} has no include/cuda_runtime_api.h (nor {TARGET_SUBDIR}/include/)",
             root.display()
         ));
     }
@@ -201,6 +254,15 @@ pub fn find(inputs: &Inputs) -> Result<Toolkit, NotFound> {
         tried.push("nvcc on PATH: not found".to_string());
     }
 
+    match &inputs.conda_prefix {
+        Some(prefix) if !prefix.is_empty() => {
+            if let Some(t) = attempt(Path::new(prefix), "$CONDA_PREFIX (conda)", &mut tried) {
+                return Ok(t);
+            }
+        }
+        _ => tried.push("$CONDA_PREFIX (conda): not set".to_string()),
+    }
+
     for dir in &inputs.system_dirs {
         if let Some(t) = attempt(dir, &dir.display().to_string(), &mut tried) {
             return Ok(t);
@@ -225,8 +287,11 @@ pub fn find(inputs: &Inputs) -> Result<Toolkit, NotFound> {
         }
     }
     if inputs.site_packages.is_empty() {
-        tried
-            .push("pip wheels (nvidia/cu13, nvidia/cuda_runtime): no python3 site-packages".into());
+        tried.push(
+            "pip wheels (nvidia/cu13, nvidia/cuda_runtime): none in the active Python \
+                   environment ($PYTHON, else python3 on PATH)"
+                .into(),
+        );
     } else {
         tried.push(format!(
             "pip wheels: no nvidia/cu13 or nvidia/cuda_runtime with cudart in {}",
@@ -237,6 +302,13 @@ pub fn find(inputs: &Inputs) -> Result<Toolkit, NotFound> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+    }
+
+    for dir in &inputs.distro_dirs {
+        let by = format!("{} (distribution packages)", dir.display());
+        if let Some(t) = attempt(dir, &by, &mut tried) {
+            return Ok(t);
+        }
     }
 
     Err(NotFound { tried })

@@ -9,7 +9,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use toolkit::{find, parse_cudart_version, Inputs};
+use toolkit::{find, parse_cudart_version, versioned_dirs, Inputs};
 
 /// A fresh empty folder under the target's temporary directory.
 fn scratch(name: &str) -> PathBuf {
@@ -48,8 +48,10 @@ fn inputs() -> Inputs {
     Inputs {
         env: no_env(),
         path: None,
+        conda_prefix: None,
         system_dirs: vec![],
         site_packages: vec![],
+        distro_dirs: vec![],
     }
 }
 
@@ -95,12 +97,73 @@ fn system_dirs_and_debian_multiarch_layout() {
     // /usr/local/cuda has headers but no cudart: it does not count.
     fs::create_dir_all(usr_local.join("include")).unwrap();
     fs::write(usr_local.join("include/cuda_runtime_api.h"), "").unwrap();
+    // Ubuntu's/Debian's nvidia-cuda-toolkit: /usr/include and /usr/lib/x86_64-linux-gnu.
     fake_toolkit(&usr, "lib/x86_64-linux-gnu", "libcudart.so.12");
     let mut inp = inputs();
-    inp.system_dirs = vec![usr_local.clone(), usr.clone()];
+    inp.system_dirs = vec![usr_local.clone()];
+    inp.distro_dirs = vec![usr.clone()];
     let tk = find(&inp).unwrap();
     assert_eq!(tk.root, usr);
+    assert_eq!(tk.include_dirs, vec![usr.join("include")]);
     assert_eq!(tk.lib_dir, usr.join("lib/x86_64-linux-gnu"));
+    assert!(
+        tk.found_by.contains("distribution packages"),
+        "{}",
+        tk.found_by
+    );
+}
+
+#[test]
+fn versioned_installs_newest_first() {
+    let base = scratch("versioned");
+    for v in [
+        "cuda-12.9",
+        "cuda-13.0",
+        "cuda-12.10",
+        "cuda",
+        "cudnn-9.1",
+        "cuda-x",
+    ] {
+        fs::create_dir_all(base.join(v)).unwrap();
+    }
+    assert_eq!(
+        versioned_dirs(&base),
+        vec![
+            base.join("cuda-13.0"),
+            base.join("cuda-12.10"),
+            base.join("cuda-12.9")
+        ]
+    );
+    // Only 12.9 is a complete toolkit: it is the one found, after the others were tried.
+    fake_toolkit(&base.join("cuda-12.9"), "lib64", "libcudart_static.a");
+    let mut inp = inputs();
+    inp.system_dirs = versioned_dirs(&base);
+    let tk = find(&inp).unwrap();
+    assert_eq!(tk.root, base.join("cuda-12.9"));
+}
+
+#[test]
+fn conda_targets_layout() {
+    // conda's cuda-cudart-dev: $CONDA_PREFIX/targets/x86_64-linux/{include,lib}.
+    let prefix = scratch("conda");
+    fake_toolkit(
+        &prefix.join("targets/x86_64-linux"),
+        "lib",
+        "libcudart.so.12",
+    );
+    let mut inp = inputs();
+    inp.conda_prefix = Some(prefix.clone().into());
+    let tk = find(&inp).unwrap();
+    assert_eq!(tk.root, prefix.join("targets/x86_64-linux"));
+    assert_eq!(tk.lib_dir, prefix.join("targets/x86_64-linux/lib"));
+    assert_eq!(tk.found_by, "$CONDA_PREFIX (conda)");
+    // conda's nvcc on PATH ($CONDA_PREFIX/bin/nvcc) finds the same targets folder.
+    touch(&prefix.join("bin/nvcc"));
+    inp.conda_prefix = None;
+    inp.path = Some(prefix.join("bin").into());
+    let tk = find(&inp).unwrap();
+    assert_eq!(tk.root, prefix.join("targets/x86_64-linux"));
+    assert_eq!(tk.found_by, "nvcc on PATH");
 }
 
 #[test]
@@ -140,9 +203,15 @@ fn failure_lists_what_was_tried_and_how_to_install() {
     let mut inp = inputs();
     inp.env[0].1 = Some(base.join("nope").into());
     inp.system_dirs = vec![base.join("usr/local/cuda")];
+    inp.distro_dirs = vec![base.join("usr")];
     let err = find(&inp).unwrap_err();
     let msg = err.to_string();
-    assert_eq!(err.tried.len(), 4 + 1 + 1 + 1, "{msg}");
+    // 4 variables, nvcc, conda, one system folder, the wheels, one distribution folder.
+    assert_eq!(err.tried.len(), 4 + 1 + 1 + 1 + 1 + 1, "{msg}");
+    assert!(msg.contains("$CONDA_PREFIX (conda): not set"), "{msg}");
+    assert!(msg.contains("(distribution packages)"), "{msg}");
+    assert!(msg.contains("conda install"), "{msg}");
+    assert!(msg.contains("CUDA_MEM_CUDA=12.4 scripts/setup.sh"), "{msg}");
     assert!(msg.contains("$CUDA_PATH: "), "{msg}");
     assert!(msg.contains("has no include/cuda_runtime_api.h"), "{msg}");
     assert!(msg.contains("$CUDA_HOME: not set"), "{msg}");
@@ -152,7 +221,7 @@ fn failure_lists_what_was_tried_and_how_to_install() {
         "{msg}"
     );
     assert!(
-        msg.contains("pip install nvidia-cuda-runtime==13.0.96"),
+        msg.contains("pip install nvidia-cuda-runtime nvidia-cuda-crt"),
         "{msg}"
     );
     assert!(msg.contains("cuda-downloads"), "{msg}");

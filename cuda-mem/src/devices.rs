@@ -238,10 +238,10 @@ impl Device {
     fn properties(self) -> Result<sys::cudaDeviceProp> {
         // SAFETY: cudaDeviceProp is plain C data for which all-zero bytes are valid.
         let mut prop: sys::cudaDeviceProp = unsafe { std::mem::zeroed() };
-        #[cfg(cuda_13)]
+        #[cfg(not(cudart_device_properties_v2))]
         // SAFETY: `prop` is a valid, writable cudaDeviceProp of this header's layout.
         let code = unsafe { sys::cudaGetDeviceProperties(&mut prop, self.ordinal) };
-        #[cfg(cuda_12)]
+        #[cfg(cudart_device_properties_v2)]
         // SAFETY: as above (CUDA 12 names the current layout's function `_v2`).
         let code = unsafe { sys::cudaGetDeviceProperties_v2(&mut prop, self.ordinal) };
         check(code, || {

@@ -378,9 +378,46 @@ impl Error {
 }
 
 impl fmt::Display for Error {
+    /// `cudaErrorCallRequiresNewerDriver` also says, in words, which CUDA version the installed
+    /// driver supports and which runtime the program uses (asked of the runtime when printed).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn version(v: i32) -> String {
+            format!("{}.{}", v / 1000, v % 1000 / 10)
+        }
         match self {
-            Error::Cuda { code, call } => write!(f, "{call} failed: {code}"),
+            Error::Cuda { code, call } => {
+                write!(f, "{call} failed: {code}")?;
+                if code.0 != sys::cudaError::cudaErrorCallRequiresNewerDriver.0 {
+                    return Ok(());
+                }
+                let (mut driver, mut runtime) = (0, 0);
+                // SAFETY: valid out-pointers; both calls only report versions (they work
+                // without a device and do not touch the last-error state on success).
+                let (d, r) = unsafe {
+                    (
+                        sys::cudaDriverGetVersion(&mut driver),
+                        sys::cudaRuntimeGetVersion(&mut runtime),
+                    )
+                };
+                if r != sys::cudaError::cudaSuccess {
+                    runtime = crate::BUILT_CUDART_VERSION as i32;
+                }
+                let have = if d == sys::cudaError::cudaSuccess && driver > 0 {
+                    format!(
+                        "the installed NVIDIA driver supports CUDA {}",
+                        version(driver)
+                    )
+                } else {
+                    "the installed NVIDIA driver's CUDA version is unknown".to_string()
+                };
+                write!(
+                    f,
+                    " ({have}; this call needs a newer driver: it is part of the CUDA {} \
+                     runtime this program uses; install an NVIDIA driver for CUDA {} or newer)",
+                    version(runtime),
+                    version(runtime)
+                )
+            }
             Error::Misuse(m) => m.fmt(f),
         }
     }

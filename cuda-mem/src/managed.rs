@@ -71,17 +71,14 @@ impl Location {
         }
     }
 
-    #[cfg(cuda_13)]
+    /// The `cudaMemLocation` encoding (built through `cudaMemLocation::new`, whatever the
+    /// header's layout of the struct).
+    #[cfg(any(cudart_prefetch_location, cudart_advise_location))]
     fn as_mem_location(self) -> sys::cudaMemLocation {
+        use sys::cudaMemLocationType as T;
         match self {
-            Location::Host => sys::cudaMemLocation {
-                type_: sys::cudaMemLocationType::cudaMemLocationTypeHost,
-                id: 0,
-            },
-            Location::Device(d) => sys::cudaMemLocation {
-                type_: sys::cudaMemLocationType::cudaMemLocationTypeDevice,
-                id: d,
-            },
+            Location::Host => sys::cudaMemLocation::new(T::cudaMemLocationTypeHost, 0),
+            Location::Device(d) => sys::cudaMemLocation::new(T::cudaMemLocationTypeDevice, d),
         }
     }
 }
@@ -387,12 +384,12 @@ impl<T: Pod> ManagedBuffer<T> {
     pub fn prefetch(&mut self, to: Location, stream: &Stream) -> Result<()> {
         let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
         self.queued(stream, Access::Read, "prefetch", || {
-            #[cfg(cuda_13)]
+            #[cfg(cudart_prefetch_location)]
             // SAFETY: `p`/`bytes` cover our live managed allocation; the location is valid.
             let code = unsafe {
                 sys::cudaMemPrefetchAsync(p.cast(), bytes, to.as_mem_location(), 0, stream.as_raw())
             };
-            #[cfg(cuda_12)]
+            #[cfg(not(cudart_prefetch_location))]
             // SAFETY: as above, CUDA 12 signature (device ordinal or cudaCpuDeviceId).
             let code = unsafe {
                 sys::cudaMemPrefetchAsync(p.cast(), bytes, to.as_device_id(), stream.as_raw())
@@ -407,10 +404,10 @@ impl<T: Pod> ManagedBuffer<T> {
     pub fn advise(&self, advice: Advice) -> Result<()> {
         let (p, bytes) = (self.ptr.as_ptr(), self.byte_len());
         let (raw, loc) = advice.raw();
-        #[cfg(cuda_13)]
+        #[cfg(cudart_advise_location)]
         // SAFETY: `p`/`bytes` cover our live managed allocation; advice and location are valid.
         let code = unsafe { sys::cudaMemAdvise(p.cast(), bytes, raw, loc.as_mem_location()) };
-        #[cfg(cuda_12)]
+        #[cfg(not(cudart_advise_location))]
         // SAFETY: as above, CUDA 12 signature.
         let code = unsafe { sys::cudaMemAdvise(p.cast(), bytes, raw, loc.as_device_id()) };
         check(code, || {

@@ -15,6 +15,17 @@ extern "C" size_t layout_value(int what) {
     case 7: return sizeof(cudaError_t);
     case 8: return sizeof(cudaMemcpyKind);
     case 9: return offsetof(cudaDeviceProp, pciBusID);
+    // `id` is a direct member up to CUDA 13.4 and a member of an anonymous union from 13.5:
+    // the same offset either way, which cudaMemLocation::id() in Rust must find.
+    case 10: return offsetof(cudaMemLocation, id);
     default: return (size_t)-1;
   }
+}
+
+// A device location built by the C++ compiler, for cudaMemLocation::id() to read back.
+extern "C" cudaMemLocation layout_device_location(int id) {
+  cudaMemLocation loc = {};
+  loc.type = cudaMemLocationTypeDevice;
+  loc.id = id;
+  return loc;
 }

@@ -10,6 +10,7 @@ extern "C" {
     fn ref_free_host(p: *mut c_void) -> c_int;
     fn ref_get_last_error() -> c_int;
     fn layout_value(what: c_int) -> usize;
+    fn layout_device_location(id: c_int) -> sys::cudaMemLocation;
 }
 
 /// One outcome, comparable between the two sides.
@@ -102,4 +103,51 @@ fn struct_layouts_match_the_cpp_compiler() {
     assert_eq!(size_of::<sys::cudaError_t>(), c(7));
     assert_eq!(size_of::<sys::cudaMemcpyKind>(), c(8));
     assert_eq!(offset_of!(sys::cudaDeviceProp, pciBusID), c(9));
+}
+
+/// `cudaMemLocation::new`/`id` (the one accessor of a field that moved into a union in CUDA
+/// 13.5) agree with the C++ compiler's layout on every toolkit.
+#[test]
+fn mem_location_accessor_matches_the_cpp_compiler() {
+    use sys::cudaMemLocationType as T;
+    let id: c_int = 0x0102_0304;
+    let loc = sys::cudaMemLocation::new(T::cudaMemLocationTypeDevice, id);
+    assert_eq!(loc.id(), id);
+    assert_eq!(loc.type_, T::cudaMemLocationTypeDevice);
+    // SAFETY: reads the bytes of a fully initialised plain C struct.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&loc as *const sys::cudaMemLocation).cast::<u8>(),
+            std::mem::size_of::<sys::cudaMemLocation>(),
+        )
+    };
+    // SAFETY: a pure function of its argument.
+    let offset = unsafe { layout_value(10) };
+    assert_eq!(&bytes[offset..offset + 4], &id.to_ne_bytes());
+    // SAFETY: returns a plain C struct by value.
+    let from_cpp = unsafe { layout_device_location(-7) };
+    assert_eq!(from_cpp.id(), -7);
+    assert_eq!(from_cpp.type_, T::cudaMemLocationTypeDevice);
+}
+
+/// A call that needs a newer driver says so in words, with both versions.
+#[test]
+fn newer_driver_error_is_explained() {
+    let e = Error::Cuda {
+        code: cuda_mem::ErrorCode(sys::cudaError::cudaErrorCallRequiresNewerDriver.0),
+        call: "cudaMemPrefetchAsync(...)".into(),
+    };
+    let text = e.to_string();
+    assert!(text.starts_with("cudaMemPrefetchAsync(...) failed: cudaErrorCallRequiresNewerDriver"));
+    assert!(text.contains("needs a newer driver"), "{text}");
+    let v = cuda_mem::BUILT_CUDART_VERSION;
+    assert!(
+        text.contains(&format!("CUDA {}.{}", v / 1000, v % 1000 / 10)),
+        "{text}"
+    );
+    let plain = Error::Cuda {
+        code: cuda_mem::ErrorCode(sys::cudaError::cudaErrorMemoryAllocation.0),
+        call: "x".into(),
+    };
+    assert!(!plain.to_string().contains("driver"));
 }
