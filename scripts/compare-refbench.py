@@ -5,7 +5,8 @@ usage: compare-refbench.py bench.json membench-before.txt [membench-after.txt ..
 
 Bars: our copies >= 99% of the raw path's bandwidth at 1 MiB and above, >= 95% at 4 KiB;
 pinned H2D and D2H at 256 MiB >= 97% of ../shared/refbench/membench.cu (the best of the
-reference runs given, before and after ours, so machine drift cannot flatter us).
+reference runs given, before and after ours, so machine drift cannot flatter us); and the
+per-call bars of the asynchronous calls section (issue 8).
 Exit status 0 when every bar holds.
 """
 import json
@@ -57,6 +58,26 @@ def main():
         ok &= good
         print(f"  {d}: ours {ours[0]:.2f} GB/s, reference {ref:.2f} GB/s, "
               f"ratio {ratio:.4f} {'ok' if good else 'MISS (< 0.97)'}")
+    print("bar 3: asynchronous calls (issue 8): loop of single 1-20 KB copy_async >= 0.95 of raw;")
+    print("       host overhead of one call <= 0.3 us; four streams on quarters >= 0.98 of raw")
+    calls = bench.get("calls", [])
+    if not calls:
+        print("  missing: no calls section")
+        ok = False
+    for row in calls:
+        test, d = row["test"], row["direction"]
+        if test == "loop":
+            good, what = row["ratio"] >= 0.95, f"ratio {row['ratio']:.4f} (>= 0.95)"
+        elif test == "enqueue":
+            over = row["us"] - row["raw_us"]
+            good, what = over <= 0.3, f"overhead {over:+.3f} us (<= 0.3)"
+        elif test == "quarters_4_streams":
+            good, what = row["ratio"] >= 0.98, f"ratio {row['ratio']:.4f} (>= 0.98)"
+        else:
+            good, what = True, f"ratio {row['ratio']:.4f} (reported)"
+        ok &= good
+        print(f"  {'ok  ' if good else 'MISS'} {test:>18} {d} {row['bytes']:>9} B: ours "
+              f"{row['us']:.3f} us, raw {row['raw_us']:.3f} us, {what}")
     print("all bars met" if ok else "SOME BARS MISSED")
     return 0 if ok else 1
 
