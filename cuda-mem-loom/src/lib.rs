@@ -7,5 +7,5 @@ pub mod tracker;
 
 /// What `tracker` takes from its parent module: loom's primitives here, std's in the crate.
 mod sync {
-    pub use loom::sync::{Arc, Mutex, MutexGuard};
+    pub use loom::sync::{atomic, Arc, Mutex, MutexGuard};
 }

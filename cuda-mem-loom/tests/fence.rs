@@ -158,7 +158,8 @@ impl World {
         })
     }
 
-    /// Queues work as the crate does: begin, enqueue, end. Checks device ordering.
+    /// Queues work as the crate does: begin (orders and marks), enqueue, end. Checks device
+    /// ordering.
     fn queue(&self, stream: usize, range: (usize, usize), access: Access) {
         let s = &self.streams[stream];
         self.fence
@@ -189,7 +190,7 @@ impl World {
             }
             g.ops[stream].push(Op::Work { range, access });
         }
-        self.fence.end(s, range, access);
+        self.fence.end();
     }
 
     /// A host access as the crate does it: wait, then check that conflicting work is done.
@@ -362,6 +363,32 @@ fn many_streams_are_pruned_without_losing_pending_work() {
         };
         a.join().unwrap();
         w.queue(11, ALL, Access::Write);
+        w.host(Access::Write);
+    });
+}
+
+/// A reader on another stream records the event of an entry while work of that entry's
+/// stream is still being queued (in flight); that event must not count as covering it: a
+/// later writer on the reader's stream waits for the in-flight work too.
+#[test]
+fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(0, ALL, Access::Write);
+        let a = {
+            let w = w.clone();
+            thread::spawn(move || w.queue(0, ALL, Access::Read))
+        };
+        let b = {
+            let w = w.clone();
+            thread::spawn(move || {
+                w.queue(1, ALL, Access::Read);
+                w.host(Access::Read);
+            })
+        };
+        a.join().unwrap();
+        b.join().unwrap();
+        w.queue(1, ALL, Access::Write);
         w.host(Access::Write);
     });
 }

@@ -136,7 +136,7 @@ pub trait DevicePtr<T: Pod>: sealed::Async<T> {
     /// Orders `stream` after pending writes to the buffer from other streams, and hands out
     /// its device address for work queued on `stream` while the guard lives (see the aliasing
     /// rule above). Host writes and drop wait for that work.
-    fn device_ptr<'a>(&'a self, stream: &'a Stream) -> Result<DeviceRead<'a, T>> {
+    fn device_ptr(&self, stream: &Stream) -> Result<DeviceRead<'_, T>> {
         self.check_stream(stream, "device_ptr")?;
         let ptr = self.device_addr()?;
         let len = self.raw_len();
@@ -159,7 +159,7 @@ pub trait DevicePtrMut<T: Pod>: DevicePtr<T> + sealed::RawMut<T> {
     /// its device address for work queued on `stream` while the guard lives. Host access and
     /// drop wait for that work. Memory registered `READ_ONLY` is refused
     /// ([`Misuse::ReadOnlyDestination`](crate::Misuse::ReadOnlyDestination)).
-    fn device_ptr_mut<'a>(&'a mut self, stream: &'a Stream) -> Result<DeviceWrite<'a, T>> {
+    fn device_ptr_mut(&mut self, stream: &Stream) -> Result<DeviceWrite<'_, T>> {
         self.check_device_writable("device_ptr_mut")?;
         self.check_stream(stream, "device_ptr_mut")?;
         let ptr = self.device_addr()?.cast_mut();

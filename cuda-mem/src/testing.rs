@@ -83,6 +83,34 @@ pub(crate) fn no_concurrent_managed_access() -> bool {
     NO_CONCURRENT_MANAGED.with(Cell::get)
 }
 
+/// Two fences alone, for measuring what the bookkeeping of one asynchronous copy costs on a
+/// machine, beside the runtime call it accompanies (`cuda-mem bench`'s ablation rows).
+#[derive(Debug, Default)]
+pub struct FencePair {
+    src: crate::fence::Fence,
+    dst: crate::fence::Fence,
+}
+
+impl FencePair {
+    /// New, idle fences.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What `copy_async` does to its two fences around the runtime call `queue`.
+    pub fn around<R>(
+        &self,
+        stream: &crate::Stream,
+        bytes: usize,
+        queue: impl FnOnce() -> R,
+    ) -> Result<R> {
+        use crate::fence::Access;
+        let _s = self.src.begin(stream, (0, bytes), Access::Read)?;
+        let _d = self.dst.begin(stream, (0, bytes), Access::Write)?;
+        Ok(queue())
+    }
+}
+
 /// [`alloc_mapped_uva`](crate::alloc_mapped_uva) with the device-pointer lookup replaced, so
 /// that tests can force its failure paths (a lookup error, a pointer mismatch) and check that
 /// the host allocation was freed.

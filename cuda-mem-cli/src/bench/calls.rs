@@ -144,6 +144,30 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                 Ok(host)
             })?;
             res.calls.push(row("enqueue", dir, 4096, HELD_CALLS, t));
+
+            // Ablation: the raw call with our fence bookkeeping around it (two fences that no
+            // buffer owns), against the raw call alone. Its overhead is the fence's share of
+            // the `enqueue` overhead above; the rest is the rest of our call path.
+            let fences = cuda_mem::testing::FencePair::new();
+            let t = paired(samples, |with_fences| {
+                let held = gate.hold(s)?;
+                let t0 = Instant::now();
+                for _ in 0..HELD_CALLS {
+                    if with_fences {
+                        // SAFETY: 4 KiB lie in both buffers; synchronized below.
+                        fences.around(s, 4096, || unsafe { p.raw(0, 4096, s) })??;
+                    } else {
+                        // SAFETY: as above.
+                        unsafe { p.raw(0, 4096, s)? };
+                    }
+                }
+                let host = t0.elapsed().as_secs_f64() / f64::from(HELD_CALLS);
+                drop(held);
+                s.synchronize()?;
+                Ok(host)
+            })?;
+            res.calls
+                .push(row("enqueue_fence_only", dir, 4096, HELD_CALLS, t));
         }
 
         progress(&format!("calls: {dir}: four streams on disjoint quarters"));

@@ -9,7 +9,7 @@ pub(crate) mod tracker;
 
 /// The synchronisation primitives [`tracker`] uses (loom's, in the model test crate).
 mod sync {
-    pub use std::sync::{Arc, Mutex, MutexGuard};
+    pub use std::sync::{atomic, Arc, Mutex, MutexGuard};
 }
 
 use std::sync::Arc;
@@ -84,11 +84,11 @@ impl std::fmt::Debug for Fence {
 
 impl Fence {
     /// Orders `stream` after conflicting pending work on `bytes` (a byte range of the
-    /// buffer), then hands back a [`Use`] that marks the work the caller queues next. On error
-    /// nothing may be queued.
+    /// buffer) and marks the work the caller queues next; the [`Use`] it hands back is to be
+    /// dropped once that work is queued. On error nothing may be queued.
     pub(crate) fn begin<'a>(
         &'a self,
-        stream: &'a Stream,
+        stream: &Stream,
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
@@ -96,12 +96,7 @@ impl Fence {
             .inner()
             .check_current("queueing work on a legacy default stream")?;
         self.core.begin(stream.inner(), bytes, access)?;
-        Ok(Use {
-            fence: self,
-            stream: stream.inner(),
-            bytes,
-            access,
-        })
+        Ok(Use { fence: self })
     }
 
     /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
@@ -112,7 +107,7 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<()> {
-        self.core.begin(stream.inner(), bytes, access)
+        self.core.order(stream.inner(), bytes, access)
     }
 
     /// Blocks until pending work that conflicts with a host `access` has completed. On error
@@ -125,22 +120,19 @@ impl Fence {
     /// copy or memset that may return before it is done).
     pub(crate) fn mark_legacy(&self, device: i32, bytes: (usize, usize), access: Access) {
         let s = Stream::legacy_on(device);
-        self.core.end(s.inner(), bytes, access);
+        self.core.mark(s.inner(), bytes, access);
     }
 }
 
-/// Work being queued on a fenced buffer: marked on the fence when dropped, after the caller
-/// queued it (whether or not queueing succeeded: an extra mark only adds waiting).
+/// Work being queued on a fenced buffer, marked by [`Fence::begin`]; dropping this, after the
+/// caller queued the work (or failed to), ends its time in flight.
 #[must_use]
 pub(crate) struct Use<'a> {
     fence: &'a Fence,
-    stream: &'a Arc<StreamInner>,
-    bytes: (usize, usize),
-    access: Access,
 }
 
 impl Drop for Use<'_> {
     fn drop(&mut self) {
-        self.fence.core.end(self.stream, self.bytes, self.access);
+        self.fence.core.end();
     }
 }

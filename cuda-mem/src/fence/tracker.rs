@@ -13,20 +13,27 @@
 //! operations and no runtime call; work on the same stream never waits (stream order already
 //! implies it); work on disjoint ranges never waits; readers never wait for readers.
 //!
-//! # Why marking after the enqueue is enough
+//! # Marking before the enqueue, and work in flight
 //!
-//! [`Tracker::begin`] orders a stream after conflicting work *before* the caller queues; the
-//! entry is marked by [`Tracker::end`] *after* it queued. Between the two, nobody can need
-//! to wait for the new work: waiting is needed only by a conflicting access (a write against
-//! anything, or anything against a write), and Rust's borrows forbid one while the queueing
-//! call holds `&` (reads) or `&mut` (writes) to the buffer. Host reads (`&self`) wait only
-//! for entries with writes, host writes and drop (`&mut self`, `self`) for all of them.
+//! [`Tracker::begin`] orders a stream after conflicting work and marks the new work, under one
+//! lock, *before* the caller queues it; [`Tracker::end`], after the caller queued, only
+//! decrements an atomic count of work in flight. Nobody can need to wait for the new work
+//! meanwhile: waiting is needed only by a conflicting access (a write against anything, or
+//! anything against a write), and Rust's borrows forbid one while the queueing call holds `&`
+//! (reads) or `&mut` (writes) to the buffer. Host reads (`&self`) wait only for entries with
+//! writes, host writes and drop (`&mut self`, `self`) for all of them.
+//!
+//! What the count guards is the bookkeeping: a non-conflicting waiter (a host read, a reader
+//! on another stream) may record an entry's event while marked work is still being queued.
+//! Such an event does not cover that work, so while anything is in flight a recorded event
+//! never marks its entry as covered: the marks stay, and the next wait records again.
 //!
 //! A failure never leaves queued work unseen: marking cannot fail; when recording an event
 //! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
 //! returns the error *before* the caller queues anything (in `begin`) or refuses host access
 //! (in `host_wait`), and the owner then leaks the memory rather than free it.
 
+use super::sync::atomic::{AtomicUsize, Ordering};
 use super::sync::{Arc, Mutex, MutexGuard};
 
 /// The GPU calls the fence makes.
@@ -166,8 +173,11 @@ impl<B: Backend> Entry<B> {
         }
     }
 
-    /// Records an event that covers everything marked so far (once per batch of marks).
-    fn materialize(&mut self) -> Result<Arc<B::Event>, B::Error> {
+    /// Records an event that covers everything marked so far (once per batch of marks). With
+    /// work in flight (`full` false) the event covers only what was queued, so the marks stay
+    /// pending: they are copied to `rec_*` (this event is waited for) and kept in `reads` /
+    /// `writes` (a later record must cover them again).
+    fn materialize(&mut self, full: bool) -> Result<Arc<B::Event>, B::Error> {
         if let (Some(e), true) = (&self.event, self.recorded == self.marked) {
             return Ok(e.clone());
         }
@@ -179,9 +189,11 @@ impl<B: Backend> Entry<B> {
         let event = Arc::new(B::record(&self.stream, reuse)?);
         self.rec_reads.merge(&self.reads);
         self.rec_writes.merge(&self.writes);
-        self.reads.clear();
-        self.writes.clear();
-        self.recorded = self.marked;
+        if full {
+            self.reads.clear();
+            self.writes.clear();
+            self.recorded = self.marked;
+        }
         self.event = Some(event.clone());
         Ok(event)
     }
@@ -209,6 +221,8 @@ struct State<B: Backend> {
 /// Pending work on one buffer: see the module docs.
 pub struct Tracker<B: Backend> {
     state: Mutex<State<B>>,
+    /// Work marked by `begin` whose `end` has not come yet (see the module docs).
+    in_flight: AtomicUsize,
 }
 
 impl<B: Backend> Default for Tracker<B> {
@@ -218,6 +232,7 @@ impl<B: Backend> Default for Tracker<B> {
                 entries: Vec::new(),
                 clock: 0,
             }),
+            in_flight: AtomicUsize::new(0),
         }
     }
 }
@@ -230,8 +245,9 @@ impl<B: Backend> Tracker<B> {
     }
 
     /// Before queueing work on `stream` that accesses `range` as `access`: makes `stream` wait
-    /// (device side) for conflicting work of other streams. On error nothing was queued by
-    /// the caller, and the caller must not queue.
+    /// (device side) for conflicting work of other streams, and marks the work as in flight.
+    /// Call [`end`](Self::end) once it is queued (or queueing failed). On error nothing was
+    /// marked, and the caller must not queue.
     pub fn begin(
         &self,
         stream: &B::Stream,
@@ -239,6 +255,49 @@ impl<B: Backend> Tracker<B> {
         access: Access,
     ) -> Result<(), B::Error> {
         let mut st = self.lock();
+        let full = self.settled();
+        Self::order_locked(&mut st, full, stream, range, access)?;
+        Self::mark_locked(&mut st, full, stream, range, access);
+        // Under the lock, so that every other holder sees it (the order inside the critical
+        // section does not matter to them).
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// After the work of a [`begin`](Self::begin) was queued (or queueing failed: the mark only
+    /// adds waiting). Cannot fail, takes no lock.
+    pub fn end(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether no marked work is still being queued: then an event recorded now covers every
+    /// mark. Read under the lock, so that no `begin` races it.
+    fn settled(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Makes `stream` wait (device side) for conflicting work of other streams, without
+    /// marking anything: for work the caller marks with [`mark`](Self::mark) after queueing
+    /// it, or that completes before the caller's borrow ends.
+    pub fn order(
+        &self,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) -> Result<(), B::Error> {
+        let mut st = self.lock();
+        let full = self.settled();
+        Self::order_locked(&mut st, full, stream, range, access)
+    }
+
+    /// `full`: nothing is in flight (see [`settled`](Self::settled)).
+    fn order_locked(
+        st: &mut State<B>,
+        full: bool,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) -> Result<(), B::Error> {
         let mut i = 0;
         while i < st.entries.len() {
             let e = &st.entries[i];
@@ -260,7 +319,7 @@ impl<B: Backend> Tracker<B> {
                 i += 1;
                 continue;
             }
-            let waited = match st.entries[i].materialize() {
+            let waited = match st.entries[i].materialize(full) {
                 Ok(ev) => B::wait(stream, &ev).is_ok(),
                 Err(_) => false,
             };
@@ -278,18 +337,32 @@ impl<B: Backend> Tracker<B> {
                     st.entries.len() - 1
                 }
             };
-            let waited = &mut st.entries[t].waited;
-            waited.retain(|(s, _)| !B::same(s, &key.0));
-            waited.push(key);
+            // Only an event that covers every mark may stand for them in a later skip.
+            if full {
+                let waited = &mut st.entries[t].waited;
+                waited.retain(|(s, _)| !B::same(s, &key.0));
+                waited.push(key);
+            }
             i += 1;
         }
         Ok(())
     }
 
-    /// After queueing work on `stream` that accesses `range` as `access` (also when queueing
-    /// failed: an extra mark only adds waiting). Cannot fail.
-    pub fn end(&self, stream: &B::Stream, range: (usize, usize), access: Access) {
+    /// Marks work on `stream` that accesses `range` as `access` and is queued already (also
+    /// when queueing failed: an extra mark only adds waiting). Cannot fail.
+    pub fn mark(&self, stream: &B::Stream, range: (usize, usize), access: Access) {
         let mut st = self.lock();
+        let full = self.settled();
+        Self::mark_locked(&mut st, full, stream, range, access);
+    }
+
+    fn mark_locked(
+        st: &mut State<B>,
+        full: bool,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) {
         st.clock += 1;
         let clock = st.clock;
         let e = match st.entries.iter().position(|e| B::same(&e.stream, stream)) {
@@ -305,20 +378,27 @@ impl<B: Backend> Tracker<B> {
         }
         e.marked = clock;
         if st.entries.len() > PRUNE_AT {
-            Self::prune(&mut st, stream);
+            Self::prune(st, full, stream);
         }
     }
 
     /// Drops the entries of other streams whose work is known complete. Failures only keep
     /// entries (more waiting later), so they are ignored.
-    fn prune(st: &mut State<B>, current: &B::Stream) {
+    /// `full`: nothing is in flight; otherwise only entries whose marks an earlier event
+    /// covers (`recorded == marked`) can be found complete.
+    fn prune(st: &mut State<B>, full: bool, current: &B::Stream) {
         for e in st.entries.iter_mut() {
             if B::same(&e.stream, current) || e.is_idle() {
                 continue;
             }
-            if let Ok(ev) = e.materialize() {
+            if full {
+                let _ = e.materialize(true);
+            }
+            if e.recorded != e.marked {
+                continue;
+            }
+            if let Some(ev) = e.event.clone() {
                 if B::query(&ev).unwrap_or(false) {
-                    // `materialize` moved every mark into `rec_*`, all covered by `ev`.
                     e.clear();
                 }
             }
@@ -341,6 +421,7 @@ impl<B: Backend> Tracker<B> {
         let mut targets = Vec::new();
         {
             let mut st = self.lock();
+            let full = self.settled();
             let mut i = 0;
             while i < st.entries.len() {
                 let e = &mut st.entries[i];
@@ -352,7 +433,7 @@ impl<B: Backend> Tracker<B> {
                     i += 1;
                     continue;
                 }
-                match e.materialize() {
+                match e.materialize(full) {
                     Ok(ev) => targets.push((e.stream.clone(), ev)),
                     Err(_) => {
                         // Cannot record: wait for the whole stream, under the lock (queueing
