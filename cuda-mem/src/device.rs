@@ -249,8 +249,8 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 
     /// Gives up ownership: the caller must free the pointer with `cudaFree` (or, for a pooled
-    /// buffer, `cudaFreeAsync`; `cudaFree` also frees pool memory, synchronizing). Pending work
-    /// recorded on the buffer is waited for first. A pool the buffer came from stays alive
+    /// buffer, `cudaFreeAsync`; `cudaFree` frees pool memory too, without synchronizing).
+    /// Pending work recorded on the buffer is waited for first. A pool the buffer came from stays alive
     /// until that free: the runtime destroys a dropped pool only once its memory is freed.
     pub fn into_raw(self) -> Result<(*mut T, usize), (Self, Error)> {
         if let Err(e) = self.fence.host_wait(Access::Write) {
