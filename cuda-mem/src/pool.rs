@@ -510,7 +510,8 @@ impl Pooled {
         let s = &self.stream;
         // The legacy stream's null handle means the current device's: make its device current.
         let _g = s.inner().enter()?;
-        let _use = fence.begin(s, (0, bytes), Access::Write)?;
+        // Ordering without marking: nothing can wait for the free, the buffer is gone after it.
+        fence.order(s, (0, bytes), Access::Write)?;
         // SAFETY: we own the allocation (from this pool, allocated on `s`); the stream was
         // ordered above after all pending work on it on other streams, and its own earlier work
         // precedes the free in stream order. Nothing uses the memory afterwards.
