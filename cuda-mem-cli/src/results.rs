@@ -199,27 +199,34 @@ impl BenchResults {
     }
 }
 
-/// The copy kinds, in report order.
-pub const COPY_KINDS: [&str; 6] = [
+/// The copy kinds, in report order. For `host_pool` (pinned memory from a host-location pool,
+/// `bench::pools`) the raw column is `cudaHostAlloc` memory through the same calls.
+pub const COPY_KINDS: [&str; 7] = [
     "pageable",
     "pinned",
     "write_combined",
     "mapped",
     "registered",
     "device",
+    "host_pool",
 ];
 
 /// The kernel kinds, in report order.
 pub const KERNEL_KINDS: [&str; 4] = ["device", "mapped", "managed_fault", "managed_prefetched"];
 
-/// The allocation kinds, in report order.
-pub const ALLOC_KINDS: [&str; 6] = [
+/// The allocation kinds, in report order; the `pool*` and `host_pool` rows are stream-ordered
+/// allocation (`bench::pools`).
+pub const ALLOC_KINDS: [&str; 10] = [
     "device",
     "pinned",
     "write_combined",
     "mapped",
     "managed",
     "registered",
+    "pool_default_sync",
+    "pool_sync",
+    "pool",
+    "host_pool",
 ];
 
 #[cfg(test)]

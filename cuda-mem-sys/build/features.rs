@@ -7,7 +7,7 @@
 
 /// Every feature this build script may report, with what it means. A dependant that turns
 /// them into `cfg`s declares them all with `cargo:rustc-check-cfg`.
-pub const ALL: [(&str, &str); 10] = [
+pub const ALL: [(&str, &str); 12] = [
     (
         "library",
         "cudaLibrary_t, cudaKernel_t, cudaLibraryLoadData, cudaLibraryGetKernel (12.5+)",
@@ -47,6 +47,15 @@ pub const ALL: [(&str, &str); 10] = [
     (
         "error_tensor_memory_leak",
         "cudaErrorTensorMemoryLeak is a known cudaError_t value (12.9 and 13.x have it, 12.0 and 12.4 not)",
+    ),
+    (
+        "mem_pool_host",
+        "cudaMemLocationTypeHost exists, so cudaMemPoolCreate can be asked for a pool of pinned \
+         host memory (12.2+ headers; drivers of CUDA 12.6+ create one)",
+    ),
+    (
+        "mem_pool_max_size",
+        "cudaMemPoolProps has maxSize, a cap on the pool's memory (12.2+)",
     ),
 ];
 
@@ -99,6 +108,14 @@ pub fn detect(bindings: &str) -> Vec<&'static str> {
     add(
         "error_tensor_memory_leak",
         has_const(bindings, "cudaErrorTensorMemoryLeak"),
+    );
+    add(
+        "mem_pool_host",
+        has_const(bindings, "cudaMemLocationTypeHost") && has_fn(bindings, "cudaMemPoolCreate"),
+    );
+    add(
+        "mem_pool_max_size",
+        struct_body(bindings, "cudaMemPoolProps").is_some_and(|b| has_field(b, "maxSize")),
     );
     found
 }

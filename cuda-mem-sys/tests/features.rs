@@ -10,6 +10,14 @@ use features::{detect, ALL};
 /// bindgen's output for the parts of CUDA 12.0's headers that the features look at.
 const CUDA_12_0: &str = "
 pub const cudaErrorCallRequiresNewerDriver: cudaError = cudaError(36);
+pub const cudaMemLocationTypeDevice: cudaMemLocationType = cudaMemLocationType(1);
+pub struct cudaMemPoolProps {
+    pub allocType: cudaMemAllocationType,
+    pub handleTypes: cudaMemAllocationHandleType,
+    pub location: cudaMemLocation,
+    pub win32SecurityAttributes: *mut ::std::os::raw::c_void,
+    pub reserved: [::std::os::raw::c_uchar; 64usize],
+}
 pub struct cudaMemLocation {
     pub type_: cudaMemLocationType,
     pub id: ::std::os::raw::c_int,
@@ -23,6 +31,7 @@ unsafe extern \"C\" {
         stream: cudaStream_t,
     ) -> cudaError_t;
     pub fn cudaMemAdvise(devPtr: *const ::std::os::raw::c_void, count: usize, advice: cudaMemoryAdvise, device: ::std::os::raw::c_int) -> cudaError_t;
+    pub fn cudaMemPoolCreate(memPool: *mut cudaMemPool_t, poolProps: *const cudaMemPoolProps) -> cudaError_t;
 }
 ";
 
@@ -33,6 +42,18 @@ pub const cudaErrorContained: cudaError = cudaError(226);
 pub const cudaErrorTensorMemoryLeak: cudaError = cudaError(721);
 pub type cudaLibrary_t = *mut CUlib_st;
 pub type cudaKernel_t = *mut CUkern_st;
+pub const cudaMemLocationTypeHost: cudaMemLocationType = cudaMemLocationType(2);
+pub const cudaMemLocationTypeHostNuma: cudaMemLocationType = cudaMemLocationType(3);
+pub struct cudaMemPoolProps {
+    pub allocType: cudaMemAllocationType,
+    pub handleTypes: cudaMemAllocationHandleType,
+    pub location: cudaMemLocation,
+    pub win32SecurityAttributes: *mut ::std::os::raw::c_void,
+    pub maxSize: usize,
+    pub usage: ::std::os::raw::c_ushort,
+    pub reserved: [::std::os::raw::c_uchar; 53usize],
+    pub reserved1: ::std::os::raw::c_uchar,
+}
 pub struct cudaMemLocation {
     pub type_: cudaMemLocationType,
     pub __bindgen_anon_1: cudaMemLocation__bindgen_ty_1,
@@ -48,6 +69,7 @@ unsafe extern \"C\" {
     pub fn cudaLibraryLoadData(library: *mut cudaLibrary_t) -> cudaError_t;
     pub fn cudaLibraryGetKernel(pKernel: *mut cudaKernel_t) -> cudaError_t;
     pub fn cudaLibraryUnload(library: cudaLibrary_t) -> cudaError_t;
+    pub fn cudaMemPoolCreate(memPool: *mut cudaMemPool_t, poolProps: *const cudaMemPoolProps) -> cudaError_t;
 }
 ";
 
@@ -70,9 +92,29 @@ fn cuda_13_5_has_the_union_layout_and_the_library_api() {
             "mem_location_union",
             "error_call_requires_newer_driver",
             "error_contained",
-            "error_tensor_memory_leak"
+            "error_tensor_memory_leak",
+            "mem_pool_host",
+            "mem_pool_max_size"
         ]
     );
+}
+
+#[test]
+fn host_pools_need_the_host_location_not_only_its_numa_sibling() {
+    // 12.2 to 12.5 headers already name cudaMemLocationTypeHost (prefetch, advice); whether
+    // the driver creates a host pool is asked at run time. HostNuma alone does not count.
+    let base = "pub fn cudaMemPoolCreate(memPool: *mut cudaMemPool_t) -> cudaError_t;\n";
+    let numa =
+        "pub const cudaMemLocationTypeHostNuma: cudaMemLocationType = cudaMemLocationType(3);\n";
+    let host = "pub const cudaMemLocationTypeHost: cudaMemLocationType = cudaMemLocationType(2);\n";
+    assert!(detect(&format!("{base}{numa}")).is_empty());
+    assert_eq!(detect(&format!("{base}{host}")), ["mem_pool_host"]);
+    assert!(
+        detect(host).is_empty(),
+        "no pools without cudaMemPoolCreate"
+    );
+    let capped = "pub struct cudaMemPoolProps {\n    pub location: cudaMemLocation,\n    pub maxSize: usize,\n}\n";
+    assert_eq!(detect(capped), ["mem_pool_max_size"]);
 }
 
 #[test]
@@ -99,7 +141,9 @@ fn fallback_bindings_publish_the_cuda_13_0_features() {
             "advise_location",
             "error_call_requires_newer_driver",
             "error_contained",
-            "error_tensor_memory_leak"
+            "error_tensor_memory_leak",
+            "mem_pool_host",
+            "mem_pool_max_size"
         ]
     );
 }

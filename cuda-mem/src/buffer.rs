@@ -6,8 +6,11 @@
 /// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>`: the sealed copy and
 /// device-pointer trait impls (at location `$loc`), and the accessors, `synchronize`, the
 /// fallible `free` and a `Drop` that never panics.
+///
+/// Fields named after the address text (`$extra`) are dropped by `free` too; `Drop` drops
+/// every field anyway.
 macro_rules! impl_buffer {
-    ($ty:ident, $loc:expr, $addr:literal) => {
+    ($ty:ident, $loc:expr, $addr:literal $(, $extra:ident)*) => {
         impl<T: bytemuck::Pod> $crate::copy::sealed::Raw<T> for $ty<T> {
             fn raw_ptr(&self) -> *const T {
                 self.ptr.as_ptr()
@@ -91,8 +94,12 @@ macro_rules! impl_buffer {
                 let mut me = std::mem::ManuallyDrop::new(self);
                 let result = me.release();
                 // SAFETY: `me` is never used or dropped again; the memory is freed (or leaked
-                // on error, see above). Only the fence is left to drop.
-                unsafe { std::ptr::drop_in_place(&mut me.fence) };
+                // on error, see above). Only the fence and the `$extra` fields are left to drop,
+                // each once.
+                unsafe {
+                    std::ptr::drop_in_place(&mut me.fence);
+                    $(std::ptr::drop_in_place(&mut me.$extra);)*
+                }
                 result
             }
         }

@@ -1,4 +1,5 @@
-//! Device memory: `cudaMalloc` / `cudaMemset` / `cudaMemcpy` / `cudaFree`.
+//! Device memory: `cudaMalloc` / `cudaMemset` / `cudaMemcpy` / `cudaFree`, or stream-ordered
+//! from a [`MemPool`]: `cudaMallocFromPoolAsync` / `cudaFreeAsync`.
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -11,10 +12,12 @@ use crate::copy::{self, Loc, Memory, MemoryMut};
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::{Access, Fence};
+use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
 
-/// A typed buffer of device memory, freed on drop (`cudaFree`).
+/// A typed buffer of device memory, freed on drop: `cudaFree`, or for a buffer from a pool
+/// ([`from_pool`](Self::from_pool)) `cudaFreeAsync` queued on its stream, which never waits.
 ///
 /// Device memory is not accessible from the CPU: move data with [`copy`](crate::copy) or the
 /// methods here. The buffer remembers the device it was allocated on.
@@ -33,18 +36,21 @@ pub struct DeviceBuffer<T: Pod> {
     len: usize,
     device: i32,
     fence: Fence,
+    /// The pool and stream of a stream-ordered allocation; `None` for `cudaMalloc`.
+    pooled: Option<Pooled>,
     _owns: PhantomData<T>,
 }
 
 // SAFETY: the buffer owns its allocation exclusively (like `Vec<T>`); device memory may be used
-// and freed from any host thread. Moving it to another thread moves that ownership, which is
+// and freed from any host thread (the pool and stream handles of a pooled buffer are
+// thread-safe runtime handles). Moving it to another thread moves that ownership, which is
 // sound when `T` itself may move between threads.
 unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
 // SAFETY: `&DeviceBuffer` only allows reads (copies out of it) and fence waits, which are
 // thread-safe runtime calls; the fence is behind a mutex.
 unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
 
-impl_buffer!(DeviceBuffer, Loc::Device, "The device address.");
+impl_buffer!(DeviceBuffer, Loc::Device, "The device address.", pooled);
 
 impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` elements on the current device, contents unspecified (`cudaMalloc`).
@@ -62,8 +68,74 @@ impl<T: Pod> DeviceBuffer<T> {
             len,
             device: current_ordinal(),
             fence: Fence::default(),
+            pooled: None,
             _owns: PhantomData,
         }
+    }
+
+    /// Allocates `len` elements from `pool` in `stream`'s order (`cudaMallocFromPoolAsync`),
+    /// contents unspecified. Returns at once: the memory is valid from the point `stream`
+    /// reaches the allocation, and the buffer records that, so work on other streams, copies
+    /// and host waits are ordered after it. Dropped (or [`free`](Self::free)d), the buffer is
+    /// freed with `cudaFreeAsync` on `stream`, after all work recorded on it on any stream,
+    /// without blocking the host or the device. The buffer keeps the pool and the stream
+    /// alive.
+    ///
+    /// Out of memory: the pool is trimmed and the allocation retried once; the error then
+    /// names the pool and its statistics.
+    ///
+    /// The legacy default stream of any device may be passed: its device is made current for
+    /// the calls that need it.
+    ///
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`]; [`Misuse::InvalidArgument`]
+    /// for a host pool (use [`PinnedBuffer::from_pool`](crate::PinnedBuffer::from_pool)).
+    pub fn from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
+        Self::pool_alloc(pool, len, stream, "DeviceBuffer::from_pool")
+    }
+
+    /// Like [`from_pool`](Self::from_pool), zero-filled on `stream` (`cudaMemsetAsync`).
+    pub fn zeroed_from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
+        let mut buf = Self::pool_alloc(pool, len, stream, "DeviceBuffer::zeroed_from_pool")?;
+        buf.memset_async(0, stream)?;
+        Ok(buf)
+    }
+
+    fn pool_alloc(pool: &MemPool, len: usize, stream: &Stream, op: &'static str) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, op)?;
+        let PoolLocation::Device(device) = pool.location() else {
+            return Err(Misuse::InvalidArgument {
+                op,
+                reason: format!("{pool:?} holds host memory: use PinnedBuffer::from_pool"),
+            }
+            .into());
+        };
+        let (ptr, pooled) = pool::alloc(pool, bytes, stream, op)?;
+        let buf = DeviceBuffer {
+            ptr: ptr.cast(),
+            len,
+            device,
+            fence: Fence::default(),
+            pooled: Some(pooled),
+            _owns: PhantomData,
+        };
+        // Record the allocation as a write on its stream: other streams and the host then
+        // wait until the stream has reached it. (On an empty fence this cannot block; were it
+        // to fail, drop still frees in the same stream's order, which is valid.)
+        if let Some(s) = buf.pooled.as_ref().map(Pooled::stream) {
+            let _g = s.inner().enter()?;
+            drop(buf.fence.begin(s, (0, bytes), Access::Write)?);
+        }
+        Ok(buf)
+    }
+
+    /// The pool the buffer came from, for a stream-ordered allocation.
+    pub fn pool(&self) -> Option<&MemPool> {
+        self.pooled.as_ref().map(Pooled::pool)
+    }
+
+    /// The stream a pooled buffer was allocated on, where its free will be queued.
+    pub fn alloc_stream(&self) -> Option<&Stream> {
+        self.pooled.as_ref().map(Pooled::stream)
     }
 
     /// `cudaMalloc`, with `op` naming the public constructor in misuse errors.
@@ -176,16 +248,21 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(Self::adopt(ptr, len))
     }
 
-    /// Gives up ownership: the caller must free the pointer with `cudaFree`. Pending work
-    /// recorded on the buffer is waited for first.
+    /// Gives up ownership: the caller must free the pointer with `cudaFree` (or, for a pooled
+    /// buffer, `cudaFreeAsync`; `cudaFree` frees pool memory too, without synchronizing).
+    /// Pending work recorded on the buffer is waited for first. A pool the buffer came from stays alive
+    /// until that free: the runtime destroys a dropped pool only once its memory is freed.
     pub fn into_raw(self) -> Result<(*mut T, usize), (Self, Error)> {
         if let Err(e) = self.fence.host_wait(Access::Write) {
             return Err((self, e));
         }
         let mut me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used again; ownership of the memory passes to the caller and
-        // only the fence (an event) is dropped.
-        unsafe { std::ptr::drop_in_place(&mut me.fence) };
+        // only the fence (an event) and the pool and stream handles are dropped, each once.
+        unsafe {
+            std::ptr::drop_in_place(&mut me.fence);
+            std::ptr::drop_in_place(&mut me.pooled);
+        }
         Ok((me.ptr.as_ptr(), me.len))
     }
 
@@ -198,6 +275,9 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 
     fn release(&self) -> Result<()> {
+        if let Some(pooled) = &self.pooled {
+            return pooled.free(self.ptr.as_ptr().cast(), self.byte_len(), &self.fence);
+        }
         self.fence.host_wait(Access::Write)?;
         let _guard = if self.device != current_ordinal() {
             Device::get(self.device).and_then(Device::guard).ok()

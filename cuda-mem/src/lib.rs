@@ -9,6 +9,7 @@
 //! | zero-copy mapped | [`MappedBuffer`], [`alloc_mapped`], [`alloc_mapped_uva`] | `cudaHostAlloc(Mapped)` + `cudaHostGetDevicePointer` |
 //! | managed (unified) | [`ManagedBuffer`] | `cudaMallocManaged`, `cudaMemPrefetchAsync`, `cudaMemAdvise` |
 //! | registered host | [`RegisteredSlice`], [`RegisteredVec`] | `cudaHostRegister` / `cudaHostUnregister` |
+//! | stream-ordered (pooled) | [`MemPool`], [`DeviceBuffer::from_pool`], [`PinnedBuffer::from_pool`] | `cudaMemPoolCreate`, `cudaMallocFromPoolAsync` / `cudaFreeAsync` |
 //!
 //! Copies between any two kinds go through [`copy`] (synchronous) and [`copy_async`]
 //! (queued on a [`Stream`]); [`pointer_info`] classifies any address. Every runtime failure is
@@ -44,6 +45,7 @@ mod managed;
 mod mapped;
 mod pinned;
 mod pointer;
+mod pool;
 mod registered;
 mod size;
 mod stream;
@@ -66,5 +68,6 @@ pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
 pub use mapped::{alloc_mapped, alloc_mapped_uva, MappedBuffer};
 pub use pinned::{HostAllocFlags, PinnedBuffer};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};
+pub use pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
 pub use registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
 pub use stream::Stream;

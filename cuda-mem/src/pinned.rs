@@ -1,4 +1,5 @@
-//! Pinned (page-locked) host memory: `cudaHostAlloc`, `cudaMallocHost`, `cudaFreeHost`.
+//! Pinned (page-locked) host memory: `cudaHostAlloc`, `cudaMallocHost`, `cudaFreeHost`, or
+//! stream-ordered from a host [`MemPool`]: `cudaMallocFromPoolAsync` / `cudaFreeAsync`.
 //!
 //! Pageable memory (`malloc`, `Vec`) forces the driver to stage every copy through a pinned
 //! buffer of its own, one chunk at a time. Pinned memory is copied by DMA in one step, at the
@@ -18,6 +19,7 @@ use crate::copy::Loc;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
+use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
 
@@ -38,7 +40,9 @@ flag_set! {
     }
 }
 
-/// A typed buffer of pinned host memory, freed on drop (`cudaFreeHost`).
+/// A typed buffer of pinned host memory, freed on drop: `cudaFreeHost`, or for a buffer from a
+/// host pool ([`from_pool`](Self::from_pool)) `cudaFreeAsync` queued on its stream, which
+/// never waits.
 ///
 /// Host access ([`as_slice`](Self::as_slice), [`as_mut_slice`](Self::as_mut_slice)) first
 /// waits for asynchronous work queued on the buffer, which is why it returns a `Result`.
@@ -60,6 +64,8 @@ pub struct PinnedBuffer<T: Pod> {
     len: usize,
     flags: HostAllocFlags,
     fence: Fence,
+    /// The pool and stream of a stream-ordered allocation; `None` for `cudaHostAlloc`.
+    pooled: Option<Pooled>,
     _owns: PhantomData<T>,
 }
 
@@ -70,7 +76,7 @@ unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
 // read-only copies, so sharing it shares `&T`, sound when `T: Sync`.
 unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
 
-impl_buffer!(PinnedBuffer, Loc::Pinned, "The host address.");
+impl_buffer!(PinnedBuffer, Loc::Pinned, "The host address.", pooled);
 
 /// The device address of page-locked host memory (`cudaHostGetDevicePointer`): for memory
 /// allocated or registered MAPPED, or any pinned memory under unified addressing.
@@ -89,6 +95,7 @@ impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("flags", &self.flags)
+            .field("pooled", &self.pooled)
             .finish()
     }
 }
@@ -174,8 +181,84 @@ impl<T: Pod> PinnedBuffer<T> {
             len,
             flags,
             fence: Fence::default(),
+            pooled: None,
             _owns: PhantomData,
         })
+    }
+
+    /// Allocates `len` elements of pinned host memory from the host pool `pool`
+    /// ([`MemPool::host`]) in `stream`'s order (`cudaMallocFromPoolAsync`), and zero-fills
+    /// them once `stream` has reached the allocation (the host waits for that: memory freed
+    /// into the pool on that stream may still be in use by work queued before the free).
+    ///
+    /// Freed with `cudaFreeAsync` on `stream`, after all work recorded on the buffer, without
+    /// blocking. Usable wherever a `cudaHostAlloc` buffer is; its device address is its host
+    /// address (pool memory has one address for the host and every device given access).
+    ///
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`]; [`Misuse::InvalidArgument`]
+    /// for a device pool; out of memory as for
+    /// [`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool).
+    pub fn from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
+        // SAFETY: zero-filled below before anyone can read it.
+        let mut buf = unsafe { Self::pool_alloc(pool, len, stream, "PinnedBuffer::from_pool")? };
+        buf.as_mut_slice()?.fill(T::zeroed());
+        Ok(buf)
+    }
+
+    /// Like [`from_pool`](Self::from_pool) without the zero fill and without waiting:
+    /// returns as soon as the allocation is queued.
+    ///
+    /// # Safety
+    /// The memory is uninitialised: write it (through [`as_mut_slice`](Self::as_mut_slice),
+    /// which first waits for the stream to reach the allocation, or by a copy from the device)
+    /// before reading it.
+    pub unsafe fn uninit_from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
+        // SAFETY: the caller takes on the initialisation duty.
+        unsafe { Self::pool_alloc(pool, len, stream, "PinnedBuffer::uninit_from_pool") }
+    }
+
+    /// # Safety
+    /// As [`uninit_from_pool`](Self::uninit_from_pool).
+    unsafe fn pool_alloc(
+        pool: &MemPool,
+        len: usize,
+        stream: &Stream,
+        op: &'static str,
+    ) -> Result<Self> {
+        let bytes = size::alloc_bytes::<T>(len, op)?;
+        if pool.location() != PoolLocation::Host {
+            return Err(Misuse::InvalidArgument {
+                op,
+                reason: format!("{pool:?} holds device memory: use DeviceBuffer::from_pool"),
+            }
+            .into());
+        }
+        let (ptr, pooled) = pool::alloc(pool, bytes, stream, op)?;
+        let buf = PinnedBuffer {
+            ptr: ptr.cast(),
+            len,
+            flags: HostAllocFlags::DEFAULT,
+            fence: Fence::default(),
+            pooled: Some(pooled),
+            _owns: PhantomData,
+        };
+        // Recorded as a write on its stream: host access and work on other streams wait until
+        // the stream has reached the allocation (see `DeviceBuffer::from_pool`).
+        if let Some(s) = buf.pooled.as_ref().map(Pooled::stream) {
+            let _g = s.inner().enter()?;
+            drop(buf.fence.begin(s, (0, bytes), Access::Write)?);
+        }
+        Ok(buf)
+    }
+
+    /// The pool the buffer came from, for a stream-ordered allocation.
+    pub fn pool(&self) -> Option<&MemPool> {
+        self.pooled.as_ref().map(Pooled::pool)
+    }
+
+    /// The stream a pooled buffer was allocated on, where its free will be queued.
+    pub fn alloc_stream(&self) -> Option<&Stream> {
+        self.pooled.as_ref().map(Pooled::stream)
     }
 
     fn zero_fill(&mut self) {
@@ -230,6 +313,11 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     fn device_addr_impl(&self) -> Result<*const T> {
+        if self.pooled.is_some() {
+            // Pool memory is mapped at one virtual address for the host and for every device
+            // given access; cudaHostGetDevicePointer knows only cudaHostAlloc'd memory.
+            return Ok(self.ptr.as_ptr());
+        }
         host_device_pointer(self.ptr.as_ptr())
     }
 
@@ -238,6 +326,9 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 
     fn release(&self) -> Result<()> {
+        if let Some(pooled) = &self.pooled {
+            return pooled.free(self.ptr.as_ptr().cast(), self.byte_len(), &self.fence);
+        }
         self.fence.host_wait(Access::Write)?;
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation and never use it after this call.

@@ -198,6 +198,11 @@ impl Stream {
     pub(crate) fn inner(&self) -> &Arc<StreamInner> {
         &self.inner
     }
+
+    /// Another handle to the same stream (pooled buffers keep one to queue their free on).
+    pub(crate) fn from_inner(inner: Arc<StreamInner>) -> Stream {
+        Stream { inner }
+    }
 }
 
 /// `cudaStreamSynchronize`.

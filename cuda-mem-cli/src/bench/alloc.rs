@@ -85,7 +85,11 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
     let (free, _) = ctx.device.mem_info()?;
     for &(bytes, reps) in &cfg.alloc_plan {
         progress(&format!("alloc + free: {} x {reps}", fmt_size(bytes)));
-        for kind in ALLOC_KINDS {
+        // The pool rows are measured by `bench::pools`.
+        for kind in ALLOC_KINDS
+            .into_iter()
+            .filter(|k| !super::pools::KINDS.contains(k))
+        {
             let r = if kind == "managed" && bytes > free as u64 / 4 {
                 // Never more managed memory than a quarter of the free device memory.
                 Err(Misuse::ManagedExceedsFree {

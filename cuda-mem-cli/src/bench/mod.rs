@@ -13,6 +13,7 @@ mod alloc;
 mod calls;
 mod copies;
 mod kernels;
+mod pools;
 mod raw;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -330,6 +331,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     copies::run(&ctx, &cfg, &mut res)?;
     kernels::run(&ctx, &cfg, &mut res)?;
     alloc::run(&ctx, &cfg, &mut res)?;
+    pools::run(&ctx, &cfg, &mut res)?;
     let r = calls::run(&ctx, &cfg, &mut res);
     attempt(&mut res, &["calls"], "calls", r)?;
     res.seconds = t0.elapsed().as_secs_f64();

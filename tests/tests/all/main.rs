@@ -16,6 +16,7 @@ mod managed;
 mod mapped;
 mod misuse;
 mod pinned;
+mod pool;
 mod registered;
 mod soundness;
 
