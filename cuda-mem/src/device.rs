@@ -10,7 +10,7 @@ use cuda_mem_sys as sys;
 use crate::buffer::impl_buffer;
 use crate::copy::{self, Loc, Memory, MemoryMut};
 use crate::devices::{current_ordinal, Device};
-use crate::error::{check, Error, Misuse, Result};
+use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::{self, fmt_bytes};
@@ -250,20 +250,21 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Gives up ownership: the caller must free the pointer with `cudaFree` (or, for a pooled
     /// buffer, `cudaFreeAsync`; `cudaFree` frees pool memory too, without synchronizing).
-    /// Pending work recorded on the buffer is waited for first. A pool the buffer came from stays alive
-    /// until that free: the runtime destroys a dropped pool only once its memory is freed.
-    pub fn into_raw(self) -> Result<(*mut T, usize), (Self, Error)> {
-        if let Err(e) = self.fence.host_wait(Access::Write) {
-            return Err((self, e));
-        }
+    /// Pending work recorded on the buffer is waited for first; if that wait fails, the
+    /// memory is leaked (as by [`free`](Self::free)) and the error returned. A pool the buffer
+    /// came from stays alive until that free: the runtime destroys a dropped pool only once
+    /// its memory is freed.
+    pub fn into_raw(self) -> Result<(*mut T, usize)> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        // SAFETY: `me` is never used again; ownership of the memory passes to the caller and
-        // only the fence (an event) and the pool and stream handles are dropped, each once.
+        let waited = me.fence.host_wait(Access::Write);
+        // SAFETY: `me` is never used again; ownership of the memory passes to the caller (or
+        // is leaked, on error) and only the fence (an event) and the pool and stream handles
+        // are dropped, each once.
         unsafe {
             std::ptr::drop_in_place(&mut me.fence);
             std::ptr::drop_in_place(&mut me.pooled);
         }
-        Ok((me.ptr.as_ptr(), me.len))
+        waited.map(|()| (me.ptr.as_ptr(), me.len))
     }
 
     fn device_addr_impl(&self) -> Result<*const T> {
