@@ -376,6 +376,8 @@ impl<T: Pod> ManagedBuffer<T> {
         f: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         self.check_stream_impl(stream, op)?;
+        // The stream's device current for the call, whatever the caller has current.
+        let _g = stream.device().guard()?;
         let _use = self.fence.begin(stream, (0, self.byte_len()), access)?;
         f()
     }
