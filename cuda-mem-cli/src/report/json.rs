@@ -434,6 +434,7 @@ mod tests {
                 "kernels",
                 "alloc",
                 "calls",
+                "multi_gpu",
                 "verified",
                 "errors",
                 "seconds"
