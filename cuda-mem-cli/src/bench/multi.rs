@@ -39,7 +39,10 @@ pub fn run(cfg: &Config, res: &mut BenchResults) -> anyhow::Result<()> {
         progress(&format!("two GPUs: skipped ({n} device)"));
         return Ok(());
     }
-    let bytes = if cfg.quick { 64 << 20 } else { 256 << 20 };
+    // 256 MiB always, as refbench's peer.cu and nccl_peer.py, whatever `--quick` says: the
+    // targets compare with them, and the whole section takes seconds.
+    let _ = cfg;
+    let bytes = 256 << 20;
     let (d0, d1) = (Device::get(0)?, Device::get(1)?);
     progress(&format!(
         "two GPUs: peer copies, staged copies and NCCL all-reduce, {} MiB",
