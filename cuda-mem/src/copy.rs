@@ -290,6 +290,12 @@ fn copy_device(dst_loc: Loc, dst: *const u8, src_loc: Loc, src: *const u8) -> Re
         (_, Loc::Device) => src,
         _ => return Ok(None),
     };
+    // With one device the memory is on the current one: skip the lookup (a runtime call) on
+    // the machines most copies run on. The count is fixed for the life of the process.
+    static COUNT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    if *COUNT.get_or_init(|| crate::devices::Device::count().unwrap_or(0)) <= 1 {
+        return Ok(None);
+    }
     Ok(Some(crate::pointer::pointer_info(p)?.device))
 }
 
