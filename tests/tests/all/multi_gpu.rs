@@ -519,6 +519,7 @@ fn check_nccl_two_ranks(comms: &[Comm], n: usize) {
 #[test]
 fn nccl_collectives_in_one_process_are_bit_exact() {
     let (d0, d1) = two_gpus_or_skip!("nccl_collectives_in_one_process_are_bit_exact");
+    d0.set_current().unwrap();
     let comms = Comm::init_all(&[d0, d1]).unwrap();
     assert_eq!(Device::current().unwrap(), d0);
     assert_eq!((comms[1].rank(), comms[1].nranks()), (1, 2));
