@@ -52,7 +52,7 @@ for exe in "$here"/tests/*; do
       *) continue ;;  # no GPU code (unit tests), or the CLI's bench as child processes
     esac
     CUDA_MEM_LEAK_CYCLES="${CUDA_MEM_LEAK_CYCLES:-1000}" CUDA_MEM_STRESS_SECS=3 \
-      run_tests "$exe" --skip faults::
+      run_tests "$exe" --skip faults:: --skip multi_gpu::
   else
     run_tests "$exe"
   fi

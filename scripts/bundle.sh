@@ -57,6 +57,13 @@ if [ -n "$need" ]; then
   cp -L "$lib" "$out/lib/$need"
   link="dynamic cudart: lib/$need"
 fi
+# The C++ and PyTorch references that `gpu-session.sh bench|multi` build and run, beside the
+# bundles (bundle/refbench/), from $CUDA_MEM_REFBENCH (default /work/shared/refbench).
+refbench=${CUDA_MEM_REFBENCH:-/work/shared/refbench}
+if [ -d "$refbench" ]; then
+  mkdir -p bundle/refbench
+  cp "$refbench"/*.cu "$refbench"/*.py bundle/refbench/ 2>/dev/null || true
+fi
 cp scripts/bundle-run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 printf 'CUDA %s (%s), headers from %s\n' "$ver" "$link" "$root" > "$out/VERSION"

@@ -6,6 +6,10 @@
 #   scripts/gpu-session.sh bench   # full `cuda-mem bench` of the first bundle (13.0 preferred) +
 #                                  # the C++ reference before and after it, the bars checked,
 #                                  # then that bundle's suite under compute-sanitizer memcheck
+#   scripts/gpu-session.sh multi   # two GPUs: the multi_gpu tests (NCCL in one process and in
+#                                  # two), peer.cu and nccl_peer.py (bundle/refbench/), and
+#                                  # `cuda-mem bench --quick` with its two-GPU section, in one
+#                                  # run; ends with one TARGET line per goal of issue 14
 #
 # The C++ reference is read from bundle/refbench/ (copy ../shared/refbench there first).
 set -u
@@ -36,6 +40,50 @@ bench)
     "$out/membench-after.txt" | tee "$out/compare.txt"
   echo "== memcheck"
   timeout 300 "$main/run.sh" --memcheck 2>&1 | tee "$out/memcheck.txt" | tail -n 30
+  ;;
+multi)
+  # NVLink multicast stays off for every NCCL user here (PyTorch's and ours).
+  export NCCL_NVLS_ENABLE=0
+  b=bundle/cuda-13.0; ref=bundle/refbench
+  nvidia-smi topo -m | tee "$out/topo.txt"
+  echo "== multi_gpu tests (one process, then two processes for NCCL)"
+  CUDA_MEM_REQUIRE_GPU=1 timeout 500 "$b/tests/tests-all" multi_gpu --test-threads=1 \
+    --nocapture >"$out/multi-tests.txt" 2>&1; echo "multi_gpu tests rc=$?"
+  grep -E '^(test |SKIP|nccl rank|multi_gpu:|test result|thread .* panicked)' "$out/multi-tests.txt"
+  echo "== C++ reference: peer.cu"
+  nvcc -O2 -arch=sm_90 -o /tmp/peer "$ref/peer.cu" && /tmp/peer 256 | tee "$out/peer.txt"
+  echo "== PyTorch NCCL: nccl_peer.py"
+  timeout 300 python3 "$ref/nccl_peer.py" 256 2>&1 | tail -n 5 | tee "$out/nccl_peer.txt"
+  echo "== cuda-mem bench --quick (two-GPU section at 256 MiB)"
+  timeout 500 "$b/bin/cuda-mem" bench --quick --samples 3 --json "$out/bench.json" \
+    2>"$out/logs/bench-progress.txt" >"$out/bench.txt"; echo "bench rc=$?"
+  grep -E 'two GPUs|peer_|staged|nccl' "$out/logs/bench-progress.txt"
+  sed -n '/^Two GPUs/,/^$/p' "$out/bench.txt"
+  grep -E '^Verified' "$out/bench.txt"
+  python3 - "$out/bench.json" "$out/nccl_peer.txt" <<'PY' | tee "$out/targets.txt"
+import json, re, sys
+rows = json.load(open(sys.argv[1])).get("multi_gpu", [])
+def row(test, d):
+    return next((r for r in rows if r["test"] == test and r["direction"] == d), None)
+def line(name, ok, text):
+    print(f"TARGET {name}: {text} -> {'PASS' if ok else 'FAIL'}")
+for d in ("0to1", "1to0"):
+    r = row("peer_copy", d)
+    if r: line(f"peer_copy {d}", r["ratio"] >= 0.99, f"{r['ours']:.1f} GB/s vs raw {r['raw']:.1f}, speed ratio {r['ratio']:.3f} (goal >= 0.99)")
+    r = row("nopeer_copy", d)
+    if r: line(f"nopeer_copy {d}", r["ratio"] >= 0.99, f"{r['ours']:.1f} GB/s vs raw {r['raw']:.1f}, speed ratio {r['ratio']:.3f} (goal >= 0.99)")
+    r = row("peer_latency", d)
+    if r: print(f"INFO peer_latency {d}: {r['ours']:.2f} us vs raw {r['raw']:.2f} us")
+    r = row("staged", d)
+    if r: line(f"staged {d}", r["ratio"] >= 1.5, f"{r['ours']:.1f} GB/s vs two serial copies {r['raw']:.1f}, x{r['ratio']:.2f} (goal >= 1.5)")
+ours = row("nccl_all_reduce", "2 ranks")
+m = re.search(r"busbw_gbps=([0-9.]+)", open(sys.argv[2]).read())
+if ours and m:
+    torch = float(m.group(1))
+    line("nccl_all_reduce", ours["ours"] >= 0.98 * torch, f"busbw {ours['ours']:.1f} GB/s vs nccl_peer.py {torch:.1f}, ratio {ours['ours'] / torch:.3f} (goal >= 0.98)")
+else:
+    print(f"TARGET nccl_all_reduce: missing (ours row {'found' if ours else 'absent'}, nccl_peer.py busbw {'found' if m else 'absent'}) -> FAIL")
+PY
   ;;
 esac
 tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"

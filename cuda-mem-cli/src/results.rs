@@ -190,6 +190,29 @@ pub struct BenchResults {
     pub errors: Vec<KindError>,
     /// Wall-clock seconds of the whole run.
     pub seconds: f64,
+    /// Two-GPU measurements (`bench::multi`); empty on one GPU.
+    pub multi: Vec<MultiRow>,
+}
+
+/// One two-GPU measurement (`bench::multi`): ours against the raw runtime path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MultiRow {
+    /// `peer_copy`, `peer_latency`, `nopeer_copy`, `staged` or `nccl_all_reduce`.
+    pub test: &'static str,
+    /// `0to1`, `1to0`, or `2 ranks`.
+    pub direction: &'static str,
+    /// Bytes per copy or per rank's buffer.
+    pub bytes: u64,
+    /// `GB/s`, `us`, or `GB/s busbw`.
+    pub unit: &'static str,
+    /// Ours (median).
+    pub ours: f64,
+    /// Raw (median): `cudaMemcpyPeerAsync`, or the two serial copies for `staged`; NaN where
+    /// the reference runs outside this program (`nccl_peer.py`).
+    pub raw: f64,
+    /// Speed of ours relative to raw (raw time / our time; 1 = parity), interquartile mean
+    /// of interleaved pairs.
+    pub ratio: f64,
 }
 
 impl BenchResults {
@@ -338,6 +361,15 @@ pub mod sample {
                 message: "unsupported: device 0 does not support \"mapping\"".into(),
             }],
             seconds: 12.5,
+            multi: vec![MultiRow {
+                test: "peer_copy",
+                direction: "0to1",
+                bytes: 256 << 20,
+                unit: "GB/s",
+                ours: 392.0,
+                raw: 393.0,
+                ratio: 0.9975,
+            }],
         }
     }
 }

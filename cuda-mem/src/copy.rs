@@ -236,7 +236,17 @@ where
     }
     dst.check_device_writable("copy")?;
     let Plan { d, s, bytes, kind } = plan;
-    let device = current_ordinal();
+    // The runtime queues the copy on the legacy stream of the current device; run it on the
+    // device of the device-memory side (so that the recorded work is the work queued), and
+    // give the caller back whatever device was current.
+    let device = copy_device(dst.loc(), d.cast_const().cast(), src.loc(), s.cast())?;
+    let _guard = match device {
+        Some(dev) if dev != current_ordinal() => {
+            Some(crate::devices::Device::from_ordinal_unchecked(dev).guard()?)
+        }
+        _ => None,
+    };
+    let device = device.unwrap_or_else(current_ordinal);
     let legacy = Stream::legacy_on(device);
     let (sr, dr) = (
         plan_range::<T>(src_offset, bytes),
@@ -270,6 +280,23 @@ where
         }
     }
     result
+}
+
+/// The device a synchronous copy runs on: that of its device-memory side (the destination's
+/// when both are), or `None` (the current device) when neither side is device memory.
+fn copy_device(dst_loc: Loc, dst: *const u8, src_loc: Loc, src: *const u8) -> Result<Option<i32>> {
+    let p = match (dst_loc, src_loc) {
+        (Loc::Device, _) => dst,
+        (_, Loc::Device) => src,
+        _ => return Ok(None),
+    };
+    // With one device the memory is on the current one: skip the lookup (a runtime call) on
+    // the machines most copies run on. The count is fixed for the life of the process.
+    static COUNT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    if *COUNT.get_or_init(|| crate::devices::Device::count().unwrap_or(0)) <= 1 {
+        return Ok(None);
+    }
+    Ok(Some(crate::pointer::pointer_info(p)?.device))
 }
 
 /// Orders a synchronous copy after pending work on one side. Device memory is touched only

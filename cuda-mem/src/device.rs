@@ -193,7 +193,13 @@ impl<T: Pod> DeviceBuffer<T> {
     /// exact: copies out of the buffer, and asynchronous work on it through this crate on any
     /// stream (non-blocking ones included), are ordered after the fill.
     pub fn memset(&mut self, byte: u8) -> Result<()> {
-        let device = current_ordinal();
+        // `cudaMemset` runs on the current device's legacy stream: make it this buffer's.
+        let _guard = if self.device != current_ordinal() {
+            Some(Device::from_ordinal_unchecked(self.device).guard()?)
+        } else {
+            None
+        };
+        let device = self.device;
         let bytes = self.byte_len();
         self.fence
             .order(&Stream::legacy_on(device), (0, bytes), Access::Write)?;

@@ -12,7 +12,10 @@
 //! | stream-ordered (pooled) | [`MemPool`], [`DeviceBuffer::from_pool`], [`PinnedBuffer::from_pool`] | `cudaMemPoolCreate`, `cudaMallocFromPoolAsync` / `cudaFreeAsync` |
 //!
 //! Copies between any two kinds go through [`copy`] (synchronous) and [`copy_async`]
-//! (queued on a [`Stream`]); [`pointer_info`] classifies any address. Every runtime failure is
+//! (queued on a [`Stream`]); [`pointer_info`] classifies any address. Between the device
+//! buffers of two GPUs, [`copy_peer`] / [`copy_peer_async`] (`cudaMemcpyPeer[Async]`) and
+//! [`StagedCopy`] (through pinned host memory, pipelined) copy, and [`Device::enable_peer_access`]
+//! opens the direct path. Every runtime failure is
 //! an [`Error`] that keeps the raw code and the failed call; misuse the runtime never sees
 //! (zero lengths, overflowing sizes, mismatched copies, missing device features) is
 //! [`Error::Misuse`]. Nothing panics on bad input, and drop never panics.
@@ -43,6 +46,7 @@ mod fence;
 mod flags;
 mod managed;
 mod mapped;
+mod peer;
 mod pinned;
 mod pointer;
 mod pool;
@@ -66,6 +70,7 @@ pub use error::{Error, ErrorCode, Misuse, Result};
 pub use event::Event;
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
 pub use mapped::{alloc_mapped, alloc_mapped_uva, MappedBuffer};
+pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};
 pub use pinned::{HostAllocFlags, PinnedBuffer};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};
 pub use pool::{MemPool, PoolAccess, PoolLocation, PoolStats};

@@ -376,6 +376,8 @@ impl<T: Pod> ManagedBuffer<T> {
         f: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         self.check_stream_impl(stream, op)?;
+        // The stream's device current for the call, whatever the caller has current.
+        let _g = stream.device().guard()?;
         let _use = self.fence.begin(stream, (0, self.byte_len()), access)?;
         f()
     }
@@ -506,6 +508,13 @@ impl<T: Pod> ManagedBuffer<T> {
 
     fn release(&self) -> Result<()> {
         self.fence.host_wait(Access::Write)?;
+        // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller
+        // has current (the guard restores it).
+        let _guard = if self.device != crate::devices::current_ordinal() {
+            Device::get(self.device).and_then(Device::guard).ok()
+        } else {
+            None
+        };
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation and never use it after this call.
         check(unsafe { sys::cudaFree(p.cast()) }, || {

@@ -13,6 +13,7 @@ mod alloc;
 mod calls;
 mod copies;
 mod kernels;
+mod multi;
 mod pools;
 mod raw;
 
@@ -327,6 +328,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         checks: Vec::new(),
         errors: Vec::new(),
         seconds: 0.0,
+        multi: Vec::new(),
     };
     copies::run(&ctx, &cfg, &mut res)?;
     kernels::run(&ctx, &cfg, &mut res)?;
@@ -334,6 +336,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     pools::run(&ctx, &cfg, &mut res)?;
     let r = calls::run(&ctx, &cfg, &mut res);
     attempt(&mut res, &["calls"], "calls", r)?;
+    multi::run(&cfg, &mut res)?;
     res.seconds = t0.elapsed().as_secs_f64();
     progress(&format!("done in {:.1} s", res.seconds));
     write_outputs(args, &res)?;

@@ -15,6 +15,7 @@
 //!  "kernels": [{"kind", "op", "bytes", "samples", "gbps"}],
 //!  "alloc": [{"kind", "bytes", "reps", "us", "raw_us", "ratio", "note"}],
 //!  "calls": [{"test", "direction", "bytes", "calls", "us", "raw_us", "ratio"}],
+//!  "multi_gpu": [{"test", "direction", "bytes", "unit", "ours", "raw", "ratio"}],
 //!  "verified": {"ok", "passed", "failed", "checks": [{"what", "bytes", "ok", "detail"}]},
 //!  "errors": [{"kind", "stage", "message"}],
 //!  "seconds": 12.3}
@@ -305,6 +306,17 @@ pub fn bench_json(r: &BenchResults) -> Json {
             ("ratio", round(c.ratio, 4)),
         ])
     });
+    let multi = r.multi.iter().map(|m| {
+        obj([
+            ("test", m.test.into()),
+            ("direction", m.direction.into()),
+            ("bytes", m.bytes.into()),
+            ("unit", m.unit.into()),
+            ("ours", round(m.ours, 4)),
+            ("raw", round(m.raw, 4)),
+            ("ratio", round(m.ratio, 4)),
+        ])
+    });
     let checks = r.checks.iter().map(|c| {
         obj([
             ("what", c.what.as_str().into()),
@@ -356,6 +368,7 @@ pub fn bench_json(r: &BenchResults) -> Json {
         ("kernels", Json::Arr(kernels.collect())),
         ("alloc", Json::Arr(allocs.collect())),
         ("calls", Json::Arr(calls.collect())),
+        ("multi_gpu", Json::Arr(multi.collect())),
         (
             "verified",
             obj([
@@ -421,6 +434,7 @@ mod tests {
                 "kernels",
                 "alloc",
                 "calls",
+                "multi_gpu",
                 "verified",
                 "errors",
                 "seconds"

@@ -289,6 +289,42 @@ pub fn bench_table(r: &BenchResults) -> String {
         out.push_str(&grid(&rows));
     }
 
+    // Two GPUs.
+    if !r.multi.is_empty() {
+        out.push_str(
+            "\nTwo GPUs: cuda-mem / raw (peer_*: cudaMemcpyPeerAsync; staged: pipelined \
+             through pinned host memory / two serial copies; ratio = speed of cuda-mem / raw)\n",
+        );
+        let mut rows = vec![vec![
+            "test".to_string(),
+            "dir".into(),
+            "size".into(),
+            "unit".into(),
+            "cuda-mem".into(),
+            "raw".into(),
+            "ratio".into(),
+        ]];
+        let num = |x: f64| {
+            if x.is_finite() {
+                format!("{x:.3}")
+            } else {
+                "-".into()
+            }
+        };
+        for m in &r.multi {
+            rows.push(vec![
+                m.test.to_string(),
+                m.direction.to_string(),
+                fmt_size(m.bytes),
+                m.unit.to_string(),
+                num(m.ours),
+                num(m.raw),
+                num(m.ratio),
+            ]);
+        }
+        out.push_str(&grid(&rows));
+    }
+
     // Checks and errors.
     let passed = r.checks.iter().filter(|c| c.ok).count();
     out.push_str(&format!(

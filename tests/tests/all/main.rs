@@ -15,6 +15,7 @@ mod leaks;
 mod managed;
 mod mapped;
 mod misuse;
+mod multi_gpu;
 mod pinned;
 mod pool;
 mod registered;

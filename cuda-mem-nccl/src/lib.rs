@@ -1,0 +1,1020 @@
+//! NCCL collectives (all-reduce, all-gather, broadcast) over cuda-mem device buffers.
+//!
+//! `libnccl.so.2` is loaded at run time ([`nccl`]), so nothing links against NCCL and a
+//! machine without it gets an error, not a failure to start. The binding is a dozen
+//! hand-written function types over NCCL's C API, whose ABI is stable across NCCL 2.x.
+//!
+//! Two ways to use it, as with NCCL itself:
+//!
+//! * one process drives several GPUs: [`Comm::init_all`], then collectives inside a
+//!   [`Group`] (NCCL requires a group when one thread issues a collective for several ranks);
+//! * one process (or thread) per GPU, possibly on different hosts: rank 0 makes a
+//!   [`UniqueId`], hands it to the others (a shared file here: [`UniqueId::write_file`],
+//!   [`UniqueId::read_file`]; MPI or a TCP store elsewhere), and each calls
+//!   [`Comm::init_rank`]; collectives are then plain calls on the [`Comm`].
+//!
+//! Buffers take part through cuda-mem's device-pointer guards: a collective on a stream is
+//! ordered after conflicting pending work on its buffers from other streams, and recorded on
+//! them, so host access and drops wait for it. In a [`Group`] the guards are held until
+//! `ncclGroupEnd`, when NCCL actually queues the work.
+//!
+//! NVLink multicast (NVLS) stays off: [`nccl`] sets `NCCL_NVLS_ENABLE=0` in the process
+//! environment when it is unset, and refuses to load when it is set to anything else, so NCCL
+//! never creates multicast objects (`cuMulticastCreate`).
+#![warn(missing_docs)]
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytemuck::Pod;
+use cuda_mem::{Device, DeviceBuffer, DevicePtr, DevicePtrMut, Stream};
+
+/// Errors of this crate.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// `libnccl` could not be loaded, or lacks a function this crate needs.
+    Load(String),
+    /// An NCCL call failed.
+    Nccl {
+        /// The call, e.g. `ncclAllReduce`.
+        call: String,
+        /// The `ncclResult_t`.
+        code: i32,
+        /// NCCL's text for the code, and its last error message where it has one.
+        message: String,
+    },
+    /// A cuda-mem call failed.
+    Cuda(cuda_mem::Error),
+    /// Misuse NCCL never saw: mismatched devices or lengths, a bad rank, a bad id file.
+    Misuse(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Load(why) => write!(f, "cannot load NCCL: {why}"),
+            Error::Nccl {
+                call,
+                code,
+                message,
+            } => write!(f, "{call} failed: ncclResult {code}: {message}"),
+            Error::Cuda(e) => e.fmt(f),
+            Error::Misuse(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Cuda(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<cuda_mem::Error> for Error {
+    fn from(e: cuda_mem::Error) -> Self {
+        Error::Cuda(e)
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type Comm_ = *mut c_void;
+type Res = c_int;
+
+/// The NCCL functions this crate calls, resolved once.
+struct Fns {
+    get_version: unsafe extern "C" fn(*mut c_int) -> Res,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut Comm_, c_int, UniqueId, c_int) -> Res,
+    comm_init_all: unsafe extern "C" fn(*mut Comm_, c_int, *const c_int) -> Res,
+    comm_destroy: unsafe extern "C" fn(Comm_) -> Res,
+    get_error_string: unsafe extern "C" fn(Res) -> *const c_char,
+    get_last_error: unsafe extern "C" fn(Comm_) -> *const c_char,
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm_,
+        *mut c_void,
+    ) -> Res,
+    broadcast: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm_,
+        *mut c_void,
+    ) -> Res,
+    all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm_, *mut c_void) -> Res,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+    /// NCCL 2.19 and newer.
+    comm_register: Option<unsafe extern "C" fn(Comm_, *mut c_void, usize, *mut *mut c_void) -> Res>,
+    comm_deregister: Option<unsafe extern "C" fn(Comm_, *mut c_void) -> Res>,
+}
+
+/// A loaded `libnccl`.
+pub struct Nccl {
+    fns: Fns,
+    version: i32,
+    path: String,
+    /// Keeps the function pointers in `fns` valid; never unloaded.
+    _lib: libloading::Library,
+}
+
+impl fmt::Debug for Nccl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Nccl({} from {})", self.version_string(), self.path)
+    }
+}
+
+/// The library names tried, after `$CUDA_MEM_NCCL_LIBRARY` (a path) when set: the runtime
+/// name the distribution packages and the `nvidia-nccl-cu*` wheels install, then the
+/// development link name.
+pub const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
+
+/// Loads `libnccl` once per process and returns it, or why it could not be loaded.
+///
+/// Before loading, `NCCL_NVLS_ENABLE` is set to `0` in the process environment when unset
+/// (NCCL reads it at communicator creation); any other value is refused. Call this early,
+/// before other threads start (setting an environment variable races with threads reading
+/// it); the collectives call it themselves.
+pub fn nccl() -> Result<&'static Nccl> {
+    static NCCL: OnceLock<Result<Nccl, String>> = OnceLock::new();
+    NCCL.get_or_init(load)
+        .as_ref()
+        .map_err(|e| Error::Load(e.clone()))
+}
+
+fn load() -> Result<Nccl, String> {
+    match std::env::var("NCCL_NVLS_ENABLE") {
+        Err(_) => std::env::set_var("NCCL_NVLS_ENABLE", "0"),
+        Ok(v) if v.trim() == "0" => {}
+        Ok(v) => {
+            return Err(format!(
+                "NCCL_NVLS_ENABLE={v}: NVLink multicast must stay off (cuda-mem-nccl needs \
+                 NCCL_NVLS_ENABLE=0 or unset)"
+            ))
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    if let Ok(p) = std::env::var("CUDA_MEM_NCCL_LIBRARY") {
+        names.push(p);
+    }
+    names.extend(LIBRARY_NAMES.iter().map(|s| s.to_string()));
+    let mut tried = Vec::new();
+    for name in &names {
+        // SAFETY: loading a shared library runs its initialisers; libnccl's only set up its
+        // own state. The library is kept for the life of the process (never unloaded).
+        match unsafe { libloading::Library::new(name) } {
+            Ok(lib) => return resolve(lib, name.clone()),
+            Err(e) => tried.push(format!("{name}: {e}")),
+        }
+    }
+    Err(format!(
+        "none of {names:?} could be loaded ({}); install NCCL 2 or set CUDA_MEM_NCCL_LIBRARY \
+         to the path of libnccl.so.2",
+        tried.join("; ")
+    ))
+}
+
+fn resolve(lib: libloading::Library, path: String) -> Result<Nccl, String> {
+    macro_rules! sym {
+        ($name:literal) => {{
+            // SAFETY: the symbol is NCCL's C function of that name, and the field it is stored
+            // in has the C signature of `nccl.h` (NCCL 2.x keeps these stable).
+            let s = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                .map_err(|e| format!("{path} lacks {}: {e}", $name))?;
+            *s
+        }};
+    }
+    macro_rules! opt_sym {
+        ($name:literal) => {{
+            // SAFETY: as for `sym!`.
+            unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                .ok()
+                .map(|s| *s)
+        }};
+    }
+    let fns = Fns {
+        get_version: sym!("ncclGetVersion"),
+        get_unique_id: sym!("ncclGetUniqueId"),
+        comm_init_rank: sym!("ncclCommInitRank"),
+        comm_init_all: sym!("ncclCommInitAll"),
+        comm_destroy: sym!("ncclCommDestroy"),
+        get_error_string: sym!("ncclGetErrorString"),
+        get_last_error: sym!("ncclGetLastError"),
+        all_reduce: sym!("ncclAllReduce"),
+        broadcast: sym!("ncclBroadcast"),
+        all_gather: sym!("ncclAllGather"),
+        group_start: sym!("ncclGroupStart"),
+        group_end: sym!("ncclGroupEnd"),
+        comm_register: opt_sym!("ncclCommRegister"),
+        comm_deregister: opt_sym!("ncclCommDeregister"),
+    };
+    let mut version = 0;
+    // SAFETY: valid out-pointer.
+    let code = unsafe { (fns.get_version)(&mut version) };
+    if code != 0 {
+        return Err(format!("ncclGetVersion failed with ncclResult {code}"));
+    }
+    Ok(Nccl {
+        fns,
+        version,
+        path,
+        _lib: lib,
+    })
+}
+
+impl Nccl {
+    /// `ncclGetVersion`, e.g. `22803` for 2.28.3.
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// The version as `major.minor.patch`.
+    pub fn version_string(&self) -> String {
+        let v = self.version;
+        format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
+    }
+
+    /// The library name or path that was loaded.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Whether `ncclCommRegister` is available (NCCL 2.19 and newer).
+    pub fn can_register(&self) -> bool {
+        self.fns.comm_register.is_some() && self.fns.comm_deregister.is_some()
+    }
+
+    fn check(&self, code: Res, comm: Comm_, call: impl FnOnce() -> String) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        // SAFETY: returns a static string for any code.
+        let text = unsafe { CStr::from_ptr((self.fns.get_error_string)(code)) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: accepts a null communicator (the last error of the process); returns a
+        // NUL-terminated string owned by NCCL.
+        let last = unsafe { (self.fns.get_last_error)(comm) };
+        let last = if last.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null, NUL-terminated (above).
+            unsafe { CStr::from_ptr(last) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let message = if last.is_empty() {
+            text
+        } else {
+            format!("{text} ({last})")
+        };
+        Err(Error::Nccl {
+            call: call(),
+            code,
+            message,
+        })
+    }
+}
+
+/// Runs `f` and gives the calling thread back the device that was current before, whatever
+/// `f` (NCCL) made current.
+fn restoring<R>(f: impl FnOnce() -> Result<R>) -> Result<R> {
+    let before = Device::current()?;
+    let r = f();
+    if Device::current()? != before {
+        before.set_current()?;
+    }
+    r
+}
+
+/// The 128-byte id all ranks of one communicator share (`ncclUniqueId`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    internal: [c_char; 128],
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("UniqueId(..)")
+    }
+}
+
+impl UniqueId {
+    /// The size of an id in bytes.
+    pub const BYTES: usize = 128;
+
+    /// A new id (`ncclGetUniqueId`), made once by rank 0 and sent to every other rank.
+    pub fn new() -> Result<Self> {
+        let n = nccl()?;
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: valid out-pointer of the C layout.
+        let code = unsafe { (n.fns.get_unique_id)(&mut id) };
+        n.check(code, std::ptr::null_mut(), || "ncclGetUniqueId".into())?;
+        Ok(id)
+    }
+
+    /// The id's bytes, to send to other ranks.
+    pub fn to_bytes(&self) -> [u8; 128] {
+        self.internal.map(|c| c as u8)
+    }
+
+    /// An id from bytes received from rank 0 (exactly [`UniqueId::BYTES`] of them).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let b: &[u8; 128] = bytes.try_into().map_err(|_| {
+            Error::Misuse(format!(
+                "an NCCL unique id has 128 bytes, got {}",
+                bytes.len()
+            ))
+        })?;
+        Ok(UniqueId {
+            internal: b.map(|c| c as c_char),
+        })
+    }
+
+    /// Writes the id to `path` atomically (a temporary file renamed into place), so that a
+    /// reader polling for the file never sees part of it.
+    pub fn write_file(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("tmp");
+        let io = |e: std::io::Error| Error::Misuse(format!("writing {}: {e}", path.display()));
+        std::fs::write(&tmp, self.to_bytes()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Waits up to `timeout` for `path` to appear, then reads the id from it.
+    pub fn read_file(path: &Path, timeout: Duration) -> Result<Self> {
+        let start = Instant::now();
+        loop {
+            match std::fs::read(path) {
+                Ok(bytes) => return Self::from_bytes(&bytes),
+                Err(e) if start.elapsed() >= timeout => {
+                    return Err(Error::Misuse(format!(
+                        "no NCCL unique id in {} after {timeout:?}: {e}",
+                        path.display()
+                    )))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+/// Element types NCCL reduces (`ncclDataType_t`). Sealed.
+pub trait NcclType: Pod + sealed::Sealed {
+    /// The `ncclDataType_t` value.
+    const DATATYPE: c_int;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! nccl_types {
+    ($($t:ty => $v:expr),+) => {$(
+        impl sealed::Sealed for $t {}
+        impl NcclType for $t {
+            const DATATYPE: c_int = $v;
+        }
+    )+};
+}
+nccl_types!(i8 => 0, u8 => 1, i32 => 2, u32 => 3, i64 => 4, u64 => 5, f32 => 7, f64 => 8);
+
+/// A reduction (`ncclRedOp_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// `ncclSum`.
+    Sum,
+    /// `ncclProd`.
+    Prod,
+    /// `ncclMax`.
+    Max,
+    /// `ncclMin`.
+    Min,
+    /// `ncclAvg` (floating-point types).
+    Avg,
+}
+
+impl ReduceOp {
+    fn raw(self) -> c_int {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+        }
+    }
+}
+
+/// One rank of an NCCL communicator, on one device; destroyed on drop (`ncclCommDestroy`).
+pub struct Comm {
+    raw: Comm_,
+    device: Device,
+    rank: i32,
+    nranks: i32,
+    nccl: &'static Nccl,
+}
+
+// SAFETY: an `ncclComm_t` may be used from any thread, one thread at a time (NCCL's rule);
+// `Comm` is not `Sync`, so safe code cannot use it from two threads at once.
+unsafe impl Send for Comm {}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Comm(rank {}/{} on device {})",
+            self.rank,
+            self.nranks,
+            self.device.ordinal()
+        )
+    }
+}
+
+impl Comm {
+    /// One communicator per device of `devices`, all in this process (`ncclCommInitAll`);
+    /// rank `i` is on `devices[i]`. Collectives on them must be issued inside a [`Group`].
+    pub fn init_all(devices: &[Device]) -> Result<Vec<Comm>> {
+        let n = nccl()?;
+        if devices.is_empty() {
+            return Err(Error::Misuse("Comm::init_all: no devices".into()));
+        }
+        let list: Vec<c_int> = devices.iter().map(|d| d.ordinal()).collect();
+        let mut raw: Vec<Comm_> = vec![std::ptr::null_mut(); devices.len()];
+        let nranks = devices.len() as c_int;
+        restoring(|| {
+            // SAFETY: `raw` holds `nranks` out-slots and `list` `nranks` device ordinals.
+            let code = unsafe { (n.fns.comm_init_all)(raw.as_mut_ptr(), nranks, list.as_ptr()) };
+            n.check(code, std::ptr::null_mut(), || {
+                format!("ncclCommInitAll({list:?})")
+            })
+        })?;
+        Ok(raw
+            .into_iter()
+            .zip(devices)
+            .enumerate()
+            .map(|(rank, (raw, &device))| Comm {
+                raw,
+                device,
+                rank: rank as i32,
+                nranks,
+                nccl: n,
+            })
+            .collect())
+    }
+
+    /// Rank `rank` of `nranks` on `device` (`ncclCommInitRank`, with `device` current for the
+    /// call). Blocks until every rank has joined with the same `id`; ranks may be other
+    /// processes, on other hosts.
+    pub fn init_rank(device: Device, nranks: i32, rank: i32, id: &UniqueId) -> Result<Comm> {
+        let n = nccl()?;
+        if nranks < 1 || rank < 0 || rank >= nranks {
+            return Err(Error::Misuse(format!(
+                "Comm::init_rank: rank {rank} is not in 0..{nranks}"
+            )));
+        }
+        let mut raw: Comm_ = std::ptr::null_mut();
+        restoring(|| {
+            let _g = device.guard()?;
+            // SAFETY: valid out-pointer; the id is passed by value, as the C API takes it.
+            let code = unsafe { (n.fns.comm_init_rank)(&mut raw, nranks, *id, rank) };
+            n.check(code, std::ptr::null_mut(), || {
+                format!("ncclCommInitRank(nranks {nranks}, rank {rank})")
+            })
+        })?;
+        Ok(Comm {
+            raw,
+            device,
+            rank,
+            nranks,
+            nccl: n,
+        })
+    }
+
+    /// The device of this rank.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn nranks(&self) -> i32 {
+        self.nranks
+    }
+
+    /// The raw `ncclComm_t`, for NCCL calls this crate does not wrap. Stays owned by `self`.
+    pub fn as_raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    fn check_device(&self, op: &str, what: &str, found: i32) -> Result<()> {
+        if found != self.device.ordinal() {
+            return Err(Error::Misuse(format!(
+                "{op}: the {what} is on device {found}, the communicator's rank {} on device {}",
+                self.rank,
+                self.device.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_stream(&self, op: &str, stream: &Stream) -> Result<()> {
+        self.check_device(op, "stream", stream.device().ordinal())
+    }
+
+    /// Sums (or `op`s) `send` across all ranks into `recv` on every rank (`ncclAllReduce`).
+    /// Outside a [`Group`]: for one rank per process or thread.
+    pub fn all_reduce<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        restoring(|| self.all_reduce_held(send, recv, op, stream).map(drop))
+    }
+
+    /// [`all_reduce`](Self::all_reduce) with `buf` as both input and output.
+    pub fn all_reduce_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        restoring(|| self.all_reduce_in_place_held(buf, op, stream).map(drop))
+    }
+
+    /// Gathers every rank's `send` into `recv` on every rank, rank `r`'s at
+    /// `recv[r * send.len()..]` (`ncclAllGather`); `recv` holds `nranks * send.len()`.
+    pub fn all_gather<T: NcclType>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        restoring(|| self.all_gather_held(send, recv, stream).map(drop))
+    }
+
+    /// Copies rank `root`'s `buf` into `buf` on every rank (`ncclBroadcast`, in place).
+    pub fn broadcast_in_place<T: NcclType>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        root: i32,
+        stream: &Stream,
+    ) -> Result<()> {
+        restoring(|| self.broadcast_held(buf, root, stream).map(drop))
+    }
+
+    fn all_reduce_held<'a, T: NcclType>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &'a Stream,
+    ) -> Result<Held<'a>> {
+        const OP: &str = "ncclAllReduce";
+        self.check_stream(OP, stream)?;
+        self.check_device(OP, "send buffer", send.device())?;
+        self.check_device(OP, "receive buffer", recv.device())?;
+        if send.len() != recv.len() {
+            return Err(Error::Misuse(format!(
+                "{OP}: send has {} elements, receive {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let s = send.device_ptr(stream)?;
+        let r = recv.device_ptr_mut(stream)?;
+        let (sp, rp, count) = (s.as_ptr().cast(), r.as_mut_ptr().cast(), s.len());
+        // SAFETY: both addresses cover `count` elements of live device memory on the comm's
+        // device; the guards order `stream` after conflicting work and record the collective
+        // when they drop (after the call, or after `ncclGroupEnd` in a group).
+        let code = unsafe {
+            (self.nccl.fns.all_reduce)(
+                sp,
+                rp,
+                count,
+                T::DATATYPE,
+                op.raw(),
+                self.raw,
+                stream.as_raw().cast(),
+            )
+        };
+        self.nccl
+            .check(code, self.raw, || format!("{OP}({count} elements, {op:?})"))?;
+        Ok(Held(vec![Box::new(s), Box::new(r)]))
+    }
+
+    fn all_reduce_in_place_held<'a, T: NcclType>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &'a Stream,
+    ) -> Result<Held<'a>> {
+        const OP: &str = "ncclAllReduce (in place)";
+        self.check_stream(OP, stream)?;
+        self.check_device(OP, "buffer", buf.device())?;
+        let b = buf.device_ptr_mut(stream)?;
+        let (p, count) = (b.as_mut_ptr().cast::<c_void>(), b.len());
+        // SAFETY: as in `all_reduce_held`; NCCL allows send == recv (in place).
+        let code = unsafe {
+            (self.nccl.fns.all_reduce)(
+                p,
+                p,
+                count,
+                T::DATATYPE,
+                op.raw(),
+                self.raw,
+                stream.as_raw().cast(),
+            )
+        };
+        self.nccl
+            .check(code, self.raw, || format!("{OP}({count} elements, {op:?})"))?;
+        Ok(Held(vec![Box::new(b)]))
+    }
+
+    fn all_gather_held<'a, T: NcclType>(
+        &'a self,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        stream: &'a Stream,
+    ) -> Result<Held<'a>> {
+        const OP: &str = "ncclAllGather";
+        self.check_stream(OP, stream)?;
+        self.check_device(OP, "send buffer", send.device())?;
+        self.check_device(OP, "receive buffer", recv.device())?;
+        let want = send.len().checked_mul(self.nranks as usize);
+        if want != Some(recv.len()) {
+            return Err(Error::Misuse(format!(
+                "{OP}: the receive buffer needs {} ranks x {} elements, has {}",
+                self.nranks,
+                send.len(),
+                recv.len()
+            )));
+        }
+        let s = send.device_ptr(stream)?;
+        let r = recv.device_ptr_mut(stream)?;
+        let (sp, rp, count) = (s.as_ptr().cast(), r.as_mut_ptr().cast(), s.len());
+        // SAFETY: `sp` covers `count` elements, `rp` `nranks * count` (checked above), live on
+        // the comm's device; the guards order and record the work as in `all_reduce_held`.
+        let code = unsafe {
+            (self.nccl.fns.all_gather)(sp, rp, count, T::DATATYPE, self.raw, stream.as_raw().cast())
+        };
+        self.nccl.check(code, self.raw, || {
+            format!("{OP}({count} elements per rank)")
+        })?;
+        Ok(Held(vec![Box::new(s), Box::new(r)]))
+    }
+
+    fn broadcast_held<'a, T: NcclType>(
+        &'a self,
+        buf: &'a mut DeviceBuffer<T>,
+        root: i32,
+        stream: &'a Stream,
+    ) -> Result<Held<'a>> {
+        const OP: &str = "ncclBroadcast (in place)";
+        self.check_stream(OP, stream)?;
+        self.check_device(OP, "buffer", buf.device())?;
+        if root < 0 || root >= self.nranks {
+            return Err(Error::Misuse(format!(
+                "{OP}: root {root} is not in 0..{}",
+                self.nranks
+            )));
+        }
+        let b = buf.device_ptr_mut(stream)?;
+        let (p, count) = (b.as_mut_ptr().cast::<c_void>(), b.len());
+        // SAFETY: `p` covers `count` elements on the comm's device; in place is allowed.
+        let code = unsafe {
+            (self.nccl.fns.broadcast)(
+                p,
+                p,
+                count,
+                T::DATATYPE,
+                root,
+                self.raw,
+                stream.as_raw().cast(),
+            )
+        };
+        self.nccl.check(code, self.raw, || {
+            format!("{OP}({count} elements, root {root})")
+        })?;
+        Ok(Held(vec![Box::new(b)]))
+    }
+
+    /// Registers `buf` with this communicator (`ncclCommRegister`, NCCL 2.19+), which lets
+    /// NCCL use it without staging for some algorithms (NVLS, CollNet, zero-copy peer-to-peer
+    /// and network paths). Registration costs a few milliseconds: it pays for buffers reused
+    /// by many collectives. Deregistered when the returned value drops.
+    pub fn register<T: NcclType>(&self, buf: DeviceBuffer<T>) -> Result<Registered<'_, T>> {
+        let (Some(reg), Some(_)) = (self.nccl.fns.comm_register, self.nccl.fns.comm_deregister)
+        else {
+            return Err(Error::Load(format!(
+                "NCCL {} has no ncclCommRegister (2.19 or newer needed)",
+                self.nccl.version_string()
+            )));
+        };
+        self.check_device("ncclCommRegister", "buffer", buf.device())?;
+        let mut handle = std::ptr::null_mut();
+        let (p, bytes) = (buf.as_ptr().cast_mut().cast::<c_void>(), buf.byte_len());
+        restoring(|| {
+            let _g = self.device.guard()?;
+            // SAFETY: `p` covers `bytes` bytes of a live allocation that the `Registered`
+            // value owns, so it outlives the registration; valid out-pointer.
+            let code = unsafe { reg(self.raw, p, bytes, &mut handle) };
+            self.nccl.check(code, self.raw, || {
+                format!("ncclCommRegister({bytes} bytes)")
+            })
+        })?;
+        Ok(Registered {
+            buf,
+            handle,
+            comm: self,
+        })
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        let (n, raw) = (self.nccl, self.raw);
+        // SAFETY: we own the communicator and destroy it once. Errors are ignored (drop never
+        // panics); the current device is restored whatever NCCL left current.
+        let _ = restoring(|| Ok(unsafe { (n.fns.comm_destroy)(raw) }));
+    }
+}
+
+/// A device buffer registered with a communicator ([`Comm::register`]); derefs to the buffer.
+pub struct Registered<'c, T: NcclType> {
+    buf: DeviceBuffer<T>,
+    handle: *mut c_void,
+    comm: &'c Comm,
+}
+
+impl<T: NcclType> fmt::Debug for Registered<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Registered({} elements at {:p} with {:?})",
+            self.buf.len(),
+            self.buf.as_ptr(),
+            self.comm
+        )
+    }
+}
+
+impl<T: NcclType> std::ops::Deref for Registered<'_, T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        &self.buf
+    }
+}
+
+impl<T: NcclType> std::ops::DerefMut for Registered<'_, T> {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
+        &mut self.buf
+    }
+}
+
+impl<T: NcclType> Drop for Registered<'_, T> {
+    fn drop(&mut self) {
+        // Collectives still using the buffer must finish before it is deregistered; if that
+        // cannot be known, keep the registration (a leak, not a use of stale state).
+        if self.buf.synchronize().is_err() {
+            return;
+        }
+        if let Some(dereg) = self.comm.nccl.fns.comm_deregister {
+            let (raw, handle) = (self.comm.raw, self.handle);
+            // SAFETY: the handle came from `ncclCommRegister` on this comm, which outlives us
+            // (borrowed); deregistered once. Errors are ignored: drop never panics.
+            let _ = restoring(|| Ok(unsafe { dereg(raw, handle) }));
+        }
+    }
+}
+
+/// The device-pointer guards of one queued collective, kept until NCCL has queued it.
+/// Never read: holding the guards is the point, and dropping them records the work.
+struct Held<'a>(#[allow(dead_code)] Vec<Box<dyn Guard + 'a>>);
+
+/// Any guard (type-erased so that one group can hold guards of several element types).
+trait Guard {}
+impl<T> Guard for T {}
+
+/// Collectives issued together (`ncclGroupStart` ... `ncclGroupEnd`): needed when one thread
+/// issues a collective for several ranks ([`Comm::init_all`]), and it fuses calls of one rank.
+///
+/// NCCL queues the work at `ncclGroupEnd`, so the group keeps every buffer borrowed, and its
+/// device-pointer guards alive, until [`end`](Self::end) (or drop, which ends it too).
+///
+/// ```no_run
+/// # fn main() -> cuda_mem_nccl::Result<()> {
+/// use cuda_mem::{Device, DeviceBuffer, Stream};
+/// use cuda_mem_nccl::{Comm, Group, ReduceOp};
+/// let devices = Device::all()?;
+/// let comms = Comm::init_all(&devices)?;
+/// let streams: Vec<Stream> = devices.iter().map(|&d| Stream::on(d, true)).collect::<Result<_, _>>()?;
+/// let mut bufs: Vec<DeviceBuffer<f32>> = devices.iter()
+///     .map(|&d| DeviceBuffer::uninit_on(d, 1 << 20)).collect::<Result<_, _>>()?;
+/// let mut g = Group::start()?;
+/// for ((c, b), s) in comms.iter().zip(bufs.iter_mut()).zip(&streams) {
+///     g.all_reduce_in_place(c, b, ReduceOp::Sum, s)?;
+/// }
+/// g.end()?;
+/// # Ok(()) }
+/// ```
+pub struct Group<'a> {
+    held: Vec<Held<'a>>,
+    nccl: &'static Nccl,
+    open: bool,
+    /// The current device is per thread, and so is an NCCL group.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Group({} collectives, open: {})",
+            self.held.len(),
+            self.open
+        )
+    }
+}
+
+impl<'a> Group<'a> {
+    /// `ncclGroupStart`.
+    pub fn start() -> Result<Self> {
+        let n = nccl()?;
+        // SAFETY: no arguments.
+        let code = unsafe { (n.fns.group_start)() };
+        n.check(code, std::ptr::null_mut(), || "ncclGroupStart".into())?;
+        Ok(Group {
+            held: Vec::new(),
+            nccl: n,
+            open: true,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// [`Comm::all_reduce`] inside the group.
+    pub fn all_reduce<T: NcclType>(
+        &mut self,
+        comm: &'a Comm,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &'a Stream,
+    ) -> Result<()> {
+        let h = restoring(|| comm.all_reduce_held(send, recv, op, stream))?;
+        self.held.push(h);
+        Ok(())
+    }
+
+    /// [`Comm::all_reduce_in_place`] inside the group.
+    pub fn all_reduce_in_place<T: NcclType>(
+        &mut self,
+        comm: &'a Comm,
+        buf: &'a mut DeviceBuffer<T>,
+        op: ReduceOp,
+        stream: &'a Stream,
+    ) -> Result<()> {
+        let h = restoring(|| comm.all_reduce_in_place_held(buf, op, stream))?;
+        self.held.push(h);
+        Ok(())
+    }
+
+    /// [`Comm::all_gather`] inside the group.
+    pub fn all_gather<T: NcclType>(
+        &mut self,
+        comm: &'a Comm,
+        send: &'a DeviceBuffer<T>,
+        recv: &'a mut DeviceBuffer<T>,
+        stream: &'a Stream,
+    ) -> Result<()> {
+        let h = restoring(|| comm.all_gather_held(send, recv, stream))?;
+        self.held.push(h);
+        Ok(())
+    }
+
+    /// [`Comm::broadcast_in_place`] inside the group.
+    pub fn broadcast_in_place<T: NcclType>(
+        &mut self,
+        comm: &'a Comm,
+        buf: &'a mut DeviceBuffer<T>,
+        root: i32,
+        stream: &'a Stream,
+    ) -> Result<()> {
+        let h = restoring(|| comm.broadcast_held(buf, root, stream))?;
+        self.held.push(h);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if !self.open {
+            return Ok(());
+        }
+        self.open = false;
+        let n = self.nccl;
+        let r = restoring(|| {
+            // SAFETY: no arguments; ends the group this value started.
+            let code = unsafe { (n.fns.group_end)() };
+            n.check(code, std::ptr::null_mut(), || "ncclGroupEnd".into())
+        });
+        // The guards record the now-queued work on their buffers (on failure too: an extra
+        // record only adds waiting).
+        self.held.clear();
+        r
+    }
+
+    /// `ncclGroupEnd`: NCCL queues the group's collectives on their streams; then the guards
+    /// record them on their buffers and the borrows end.
+    pub fn end(mut self) -> Result<()> {
+        self.finish()
+    }
+}
+
+impl Drop for Group<'_> {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// Bus bandwidth as nccl-tests reports it, from the algorithm bandwidth `algbw` (bytes of the
+/// buffer / time) of a collective on `nranks` ranks.
+pub fn bus_bandwidth(kind: Collective, algbw: f64, nranks: usize) -> f64 {
+    let n = nranks as f64;
+    match kind {
+        Collective::AllReduce => algbw * 2.0 * (n - 1.0) / n,
+        Collective::AllGather => algbw * (n - 1.0) / n,
+        Collective::Broadcast => algbw,
+    }
+}
+
+/// The collectives, for [`bus_bandwidth`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// `ncclAllReduce`: bus factor 2(n-1)/n.
+    AllReduce,
+    /// `ncclAllGather`: bus factor (n-1)/n (algbw counts the gathered bytes).
+    AllGather,
+    /// `ncclBroadcast`: bus factor 1.
+    Broadcast,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_bandwidth_follows_nccl_tests() {
+        assert_eq!(bus_bandwidth(Collective::AllReduce, 100.0, 2), 100.0);
+        assert_eq!(bus_bandwidth(Collective::AllReduce, 100.0, 4), 150.0);
+        assert_eq!(bus_bandwidth(Collective::AllGather, 100.0, 2), 50.0);
+        assert_eq!(bus_bandwidth(Collective::Broadcast, 100.0, 8), 100.0);
+    }
+
+    #[test]
+    fn unique_ids_round_trip_through_bytes_and_files() {
+        let mut bytes = [0u8; 128];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i * 7 + 200) as u8;
+        }
+        let id = UniqueId::from_bytes(&bytes).unwrap();
+        assert_eq!(id.to_bytes(), bytes);
+        assert!(UniqueId::from_bytes(&bytes[..127]).is_err());
+        let path = std::env::temp_dir().join(format!("cm-nccl-id-{}", std::process::id()));
+        id.write_file(&path).unwrap();
+        let back = UniqueId::read_file(&path, Duration::from_secs(1)).unwrap();
+        assert_eq!(back.to_bytes(), bytes);
+        std::fs::remove_file(&path).unwrap();
+        let e = UniqueId::read_file(&path, Duration::from_millis(50)).unwrap_err();
+        assert!(e.to_string().contains("no NCCL unique id"), "{e}");
+    }
+
+    #[test]
+    fn datatypes_match_nccl_h() {
+        assert_eq!(<f32 as NcclType>::DATATYPE, 7);
+        assert_eq!(<u32 as NcclType>::DATATYPE, 3);
+        assert_eq!(<f64 as NcclType>::DATATYPE, 8);
+        assert_eq!(ReduceOp::Avg.raw(), 4);
+    }
+}
