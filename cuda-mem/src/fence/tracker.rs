@@ -70,52 +70,67 @@ pub enum Access {
     Write,
 }
 
-/// Half-open byte ranges; past `Ranges::MAX` pieces they are merged into their hull, which
-/// can only add waits, never lose one.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ranges(Vec<(usize, usize)>);
+/// Half-open byte ranges, stored inline (a fence is touched on every queued copy, right after
+/// the runtime call has evicted much of the cache: no heap pointers to chase); past
+/// `Ranges::MAX` pieces they are merged into their hull, which can only add waits, never lose
+/// one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ranges {
+    len: usize,
+    r: [(usize, usize); Ranges::MAX],
+}
 
 impl Ranges {
-    const MAX: usize = 8;
+    const MAX: usize = 4;
+
+    fn as_slice(&self) -> &[(usize, usize)] {
+        &self.r[..self.len]
+    }
 
     /// Adds `[start, end)`.
     pub fn add(&mut self, (start, end): (usize, usize)) {
         if start >= end {
             return;
         }
-        if let Some(r) = self.0.iter_mut().find(|r| r.0 <= end && start <= r.1) {
+        let len = self.len;
+        if let Some(r) = self.r[..len]
+            .iter_mut()
+            .find(|r| r.0 <= end && start <= r.1)
+        {
             // Touching or overlapping: widen in place.
             *r = (r.0.min(start), r.1.max(end));
             return;
         }
-        self.0.push((start, end));
-        if self.0.len() > Self::MAX {
-            let lo = self.0.iter().map(|r| r.0).min().unwrap_or(0);
-            let hi = self.0.iter().map(|r| r.1).max().unwrap_or(0);
-            self.0.clear();
-            self.0.push((lo, hi));
+        if len < Self::MAX {
+            self.r[len] = (start, end);
+            self.len += 1;
+            return;
         }
+        let lo = self.as_slice().iter().map(|r| r.0).fold(start, usize::min);
+        let hi = self.as_slice().iter().map(|r| r.1).fold(end, usize::max);
+        self.r[0] = (lo, hi);
+        self.len = 1;
     }
 
     /// Adds every range of `other`.
     pub fn merge(&mut self, other: &Ranges) {
-        for &r in &other.0 {
+        for &r in other.as_slice() {
             self.add(r);
         }
     }
 
     /// Whether any range overlaps `[start, end)`.
     pub fn overlaps(&self, (start, end): (usize, usize)) -> bool {
-        self.0.iter().any(|r| r.0 < end && start < r.1)
+        self.as_slice().iter().any(|r| r.0 < end && start < r.1)
     }
 
     /// Whether there is no range.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len == 0
     }
 
     fn clear(&mut self) {
-        self.0.clear();
+        self.len = 0;
     }
 }
 
@@ -473,5 +488,32 @@ impl<B: Backend> Tracker<B> {
     /// Whether no work is known to be pending (for tests and statistics).
     pub fn is_idle(&self) -> bool {
         self.lock().entries.iter().all(Entry::is_idle)
+    }
+}
+
+#[cfg(test)]
+mod ranges_tests {
+    use super::Ranges;
+
+    #[test]
+    fn ranges_merge_touching_pieces_and_fall_back_to_the_hull() {
+        let mut r = Ranges::default();
+        assert!(r.is_empty());
+        r.add((10, 20));
+        r.add((20, 30)); // touching: widened
+        assert_eq!(r.as_slice(), &[(10, 30)]);
+        r.add((5, 5)); // empty: ignored
+        for i in 0..3 {
+            r.add((100 * (i + 1), 100 * (i + 1) + 10));
+        }
+        assert_eq!(r.len, 4);
+        assert!(r.overlaps((25, 26)) && r.overlaps((305, 400)) && !r.overlaps((30, 100)));
+        r.add((1000, 1001)); // a fifth piece: the hull
+        assert_eq!(r.as_slice(), &[(10, 1001)]);
+        assert!(r.overlaps((30, 100)), "the hull only adds overlaps");
+        let mut m = Ranges::default();
+        m.add((0, 1));
+        m.merge(&r);
+        assert_eq!(m.as_slice(), &[(0, 1), (10, 1001)]);
     }
 }
