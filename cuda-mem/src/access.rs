@@ -23,12 +23,11 @@ pub struct DeviceRead<'a, T> {
     _borrow: PhantomData<&'a T>,
 }
 
-/// A device address to write (and read), for work queued on one stream while this guard lives.
+/// A device address to write (and read), for work queued on one stream while this guard
+/// lives. Dereferences to a [`DeviceRead`] for the read-side accessors.
 #[must_use = "the guard records the work queued while it lives: keep it until after the launch"]
 pub struct DeviceWrite<'a, T> {
-    ptr: *mut T,
-    len: usize,
-    _use: Use<'a>,
+    read: DeviceRead<'a, T>,
     _borrow: PhantomData<&'a mut T>,
 }
 
@@ -57,27 +56,15 @@ impl<T> DeviceRead<'_, T> {
 impl<T> DeviceWrite<'_, T> {
     /// The device address of the first element, writable.
     pub fn as_mut_ptr(&self) -> *mut T {
-        self.ptr
+        self.read.ptr.cast_mut()
     }
+}
 
-    /// The device address of the first element.
-    pub fn as_ptr(&self) -> *const T {
-        self.ptr
-    }
+impl<'a, T> std::ops::Deref for DeviceWrite<'a, T> {
+    type Target = DeviceRead<'a, T>;
 
-    /// The device address as an integer (a `CUdeviceptr`).
-    pub fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    fn deref(&self) -> &DeviceRead<'a, T> {
+        &self.read
     }
 }
 
@@ -89,7 +76,11 @@ impl<T> std::fmt::Debug for DeviceRead<'_, T> {
 
 impl<T> std::fmt::Debug for DeviceWrite<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceWrite({:p}, {} elements)", self.ptr, self.len)
+        write!(
+            f,
+            "DeviceWrite({:p}, {} elements)",
+            self.read.ptr, self.read.len
+        )
     }
 }
 
@@ -162,16 +153,19 @@ pub trait DevicePtrMut<T: Pod>: DevicePtr<T> + sealed::RawMut<T> {
     fn device_ptr_mut(&mut self, stream: &Stream) -> Result<DeviceWrite<'_, T>> {
         self.check_device_writable("device_ptr_mut")?;
         self.check_stream(stream, "device_ptr_mut")?;
-        let ptr = self.device_addr()?.cast_mut();
+        let ptr = self.device_addr()?;
         let len = self.raw_len();
         let bytes = len * std::mem::size_of::<T>();
         let u = self
             .async_fence()
             .begin(stream, (0, bytes), Access::Write)?;
         Ok(DeviceWrite {
-            ptr,
-            len,
-            _use: u,
+            read: DeviceRead {
+                ptr,
+                len,
+                _use: u,
+                _borrow: PhantomData,
+            },
             _borrow: PhantomData,
         })
     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use cuda_mem::sys::cudaMemcpyKind as K;
 use cuda_mem::{copy_range_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Result, Stream};
 
-use super::{progress, raw, Config, Ctx, Paired};
+use super::{progress, raw, Config, Ctx, Gate, Paired};
 use crate::results::{BenchResults, CallRow, Check};
 
 /// Copy sizes of the loop: 1 to 20 KB.
@@ -77,6 +77,21 @@ fn paired(samples: u32, mut sample: impl FnMut(bool) -> Result<f64>) -> Result<P
     Ok(Paired::new(&a, &b))
 }
 
+/// Host seconds per call of `call`, made `HELD_CALLS` times while the gate's spin kernel holds
+/// `s` (so the device does nothing and only the host side is timed); then releases the stream
+/// and synchronizes it.
+fn held_calls(gate: &Gate, s: &Stream, mut call: impl FnMut() -> Result<()>) -> Result<f64> {
+    let held = gate.hold(s)?;
+    let t0 = Instant::now();
+    for _ in 0..HELD_CALLS {
+        call()?;
+    }
+    let host = t0.elapsed().as_secs_f64() / f64::from(HELD_CALLS);
+    drop(held);
+    s.synchronize()?;
+    Ok(host)
+}
+
 fn row(test: &'static str, dir: &'static str, bytes: u64, calls: u32, t: Paired) -> CallRow {
     CallRow {
         test,
@@ -128,20 +143,14 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
         if let Some(gate) = &ctx.gate {
             progress(&format!("calls: {dir}: host time of one call, stream held"));
             let t = paired(samples, |ours| {
-                let held = gate.hold(s)?;
-                let t0 = Instant::now();
-                for _ in 0..HELD_CALLS {
+                held_calls(gate, s, || {
                     if ours {
-                        p.ours(0, 4096, s)?;
+                        p.ours(0, 4096, s)
                     } else {
-                        // SAFETY: 4 KiB lie in both buffers; synchronized below.
-                        unsafe { p.raw(0, 4096, s)? };
+                        // SAFETY: 4 KiB lie in both buffers; `held_calls` synchronizes.
+                        unsafe { p.raw(0, 4096, s) }
                     }
-                }
-                let host = t0.elapsed().as_secs_f64() / f64::from(HELD_CALLS);
-                drop(held);
-                s.synchronize()?;
-                Ok(host)
+                })
             })?;
             res.calls.push(row("enqueue", dir, 4096, HELD_CALLS, t));
 
@@ -150,21 +159,15 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
             // the `enqueue` overhead above; the rest is the rest of our call path.
             let fences = cuda_mem::testing::FencePair::new();
             let t = paired(samples, |with_fences| {
-                let held = gate.hold(s)?;
-                let t0 = Instant::now();
-                for _ in 0..HELD_CALLS {
+                held_calls(gate, s, || {
                     if with_fences {
-                        // SAFETY: 4 KiB lie in both buffers; synchronized below.
-                        fences.around(s, 4096, || unsafe { p.raw(0, 4096, s) })??;
+                        // SAFETY: 4 KiB lie in both buffers; `held_calls` synchronizes.
+                        fences.around(s, 4096, || unsafe { p.raw(0, 4096, s) })?
                     } else {
                         // SAFETY: as above.
-                        unsafe { p.raw(0, 4096, s)? };
+                        unsafe { p.raw(0, 4096, s) }
                     }
-                }
-                let host = t0.elapsed().as_secs_f64() / f64::from(HELD_CALLS);
-                drop(held);
-                s.synchronize()?;
-                Ok(host)
+                })
             })?;
             res.calls
                 .push(row("enqueue_fence_only", dir, 4096, HELD_CALLS, t));
