@@ -118,12 +118,8 @@ impl<T: Pod> DeviceBuffer<T> {
             pooled: Some(pooled),
             _owns: PhantomData,
         };
-        // Record the allocation as a write on its stream: other streams and the host then
-        // wait until the stream has reached it. (On an empty fence this cannot block; were it
-        // to fail, drop still frees in the same stream's order, which is valid.)
-        if let Some(s) = buf.pooled.as_ref().map(Pooled::stream) {
-            let _g = s.inner().enter()?;
-            drop(buf.fence.begin(s, (0, bytes), Access::Write)?);
+        if let Some(pooled) = &buf.pooled {
+            pooled.record_alloc(&buf.fence, bytes)?;
         }
         Ok(buf)
     }

@@ -242,11 +242,8 @@ impl<T: Pod> PinnedBuffer<T> {
             pooled: Some(pooled),
             _owns: PhantomData,
         };
-        // Recorded as a write on its stream: host access and work on other streams wait until
-        // the stream has reached the allocation (see `DeviceBuffer::from_pool`).
-        if let Some(s) = buf.pooled.as_ref().map(Pooled::stream) {
-            let _g = s.inner().enter()?;
-            drop(buf.fence.begin(s, (0, bytes), Access::Write)?);
+        if let Some(pooled) = &buf.pooled {
+            pooled.record_alloc(&buf.fence, bytes)?;
         }
         Ok(buf)
     }

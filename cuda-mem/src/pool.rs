@@ -503,6 +503,17 @@ impl Pooled {
         &self.stream
     }
 
+    /// Records the allocation on the new buffer's `fence` as a write on its stream: other
+    /// streams and the host then wait until the stream has reached it. (On an empty fence this
+    /// cannot block; were it to fail, drop still frees in the same stream's order, which is
+    /// valid.)
+    pub(crate) fn record_alloc(&self, fence: &Fence, bytes: usize) -> Result<()> {
+        let s = &self.stream;
+        let _g = s.inner().enter()?;
+        drop(fence.begin(s, (0, bytes), Access::Write)?);
+        Ok(())
+    }
+
     /// Queues the free of `ptr` (`bytes` long, guarded by `fence`) on the allocation stream,
     /// after every piece of work recorded on the fence, without blocking the host. On error
     /// nothing was freed: the caller leaks the memory.
