@@ -131,8 +131,11 @@ pub trait DevicePtr<T: Pod>: sealed::Async<T> {
         self.check_stream(stream, "device_ptr")?;
         let ptr = self.device_addr()?;
         let len = self.raw_len();
+        let base = self.fence_base();
         let bytes = len * std::mem::size_of::<T>();
-        let u = self.async_fence().begin(stream, (0, bytes), Access::Read)?;
+        let u = self
+            .async_fence()
+            .begin(stream, (base, base + bytes), Access::Read)?;
         Ok(DeviceRead {
             ptr,
             len,
@@ -155,10 +158,11 @@ pub trait DevicePtrMut<T: Pod>: DevicePtr<T> + sealed::RawMut<T> {
         self.check_stream(stream, "device_ptr_mut")?;
         let ptr = self.device_addr()?;
         let len = self.raw_len();
+        let base = self.fence_base();
         let bytes = len * std::mem::size_of::<T>();
         let u = self
             .async_fence()
-            .begin(stream, (0, bytes), Access::Write)?;
+            .begin(stream, (base, base + bytes), Access::Write)?;
         Ok(DeviceWrite {
             read: DeviceRead {
                 ptr,

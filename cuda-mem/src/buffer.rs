@@ -102,6 +102,24 @@ macro_rules! impl_buffer {
                 }
                 result
             }
+
+            /// Gives up ownership of the memory, for another library or C++ code to free with
+            /// the call that matches how it was allocated (`cudaFree` for device and managed
+            /// memory, `cudaFreeHost` for pinned memory, `cudaFreeAsync` or `cudaFree` for
+            /// memory from a pool). Pending work recorded on the buffer is waited for first; if
+            /// that wait fails, the memory is leaked (as by `free`) and the error returned.
+            pub fn into_raw(self) -> $crate::Result<(*mut T, usize)> {
+                let mut me = std::mem::ManuallyDrop::new(self);
+                let waited = me.fence.host_wait($crate::fence::Access::Write);
+                // SAFETY: `me` is never used or dropped again; the memory passes to the caller
+                // (or is leaked, on error). Only the fence and the `$extra` fields are dropped,
+                // each once.
+                unsafe {
+                    std::ptr::drop_in_place(&mut me.fence);
+                    $(std::ptr::drop_in_place(&mut me.$extra);)*
+                }
+                waited.map(|()| (me.ptr.as_ptr(), me.len))
+            }
         }
 
         impl<T: bytemuck::Pod> Drop for $ty<T> {

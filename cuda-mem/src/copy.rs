@@ -107,6 +107,11 @@ pub(crate) mod sealed {
         fn loc(&self) -> Loc;
         /// The pending-work fence, for kinds that track it.
         fn fence(&self) -> Option<&Fence>;
+        /// Where this memory starts in its fence's byte ranges: 0 for a buffer, the view's
+        /// byte offset for a view.
+        fn fence_base(&self) -> usize {
+            0
+        }
         /// Refuses work on `stream` that the memory's state forbids (managed memory attached
         /// to another stream on a device without concurrent managed access).
         fn check_stream(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
@@ -249,8 +254,8 @@ where
     let device = device.unwrap_or_else(current_ordinal);
     let legacy = Stream::legacy_on(device);
     let (sr, dr) = (
-        plan_range::<T>(src_offset, bytes),
-        plan_range::<T>(dst_offset, bytes),
+        plan_range::<T>(src.fence_base(), src_offset, bytes),
+        plan_range::<T>(dst.fence_base(), dst_offset, bytes),
     );
     prepare_sync(src.fence(), src.loc(), &legacy, sr, Access::Read)?;
     prepare_sync(dst.fence(), dst.loc(), &legacy, dr, Access::Write)?;
@@ -317,10 +322,11 @@ fn prepare_sync(
     }
 }
 
-/// The byte range of `bytes` bytes from element `offset`.
-fn plan_range<T>(offset: usize, bytes: usize) -> (usize, usize) {
+/// The fence byte range of `bytes` bytes from element `offset` of memory that starts at byte
+/// `base` of its fence.
+fn plan_range<T>(base: usize, offset: usize, bytes: usize) -> (usize, usize) {
     // Cannot overflow: `Plan::new` checked that the range lies inside an allocation.
-    let start = offset * std::mem::size_of::<T>();
+    let start = base + offset * std::mem::size_of::<T>();
     (start, start + bytes)
 }
 
@@ -402,8 +408,8 @@ where
     src.check_stream(stream, "copy_async")?;
     dst.check_stream(stream, "copy_async")?;
     let (sr, dr) = (
-        plan_range::<T>(src_offset, bytes),
-        plan_range::<T>(dst_offset, bytes),
+        plan_range::<T>(src.fence_base(), src_offset, bytes),
+        plan_range::<T>(dst.fence_base(), dst_offset, bytes),
     );
     // Marked when these drop, after the copy is queued below.
     let _src_use = match src.fence() {
@@ -423,6 +429,37 @@ where
         format!(
             "cudaMemcpyAsync({d:p}, {s:p}, {bytes} bytes, {}, stream {:p})",
             Loc::kind_name(kind),
+            stream.as_raw()
+        )
+    })
+}
+
+/// Queues a fill of every byte of `dst` with `byte` on `stream` (`cudaMemsetAsync`): any
+/// memory asynchronous work may use, views included (`dev.slice_mut(a..b)?`). Ordered and
+/// recorded like [`copy_async`]; the runtime refuses memory the device cannot address.
+pub fn memset_async<T, D>(dst: &mut D, byte: u8, stream: &Stream) -> Result<()>
+where
+    T: Pod,
+    D: MemoryMut<T> + AsyncMemory<T> + ?Sized,
+{
+    let bytes = size::byte_len::<T>(dst.raw_len())?;
+    if bytes == 0 {
+        return Ok(());
+    }
+    dst.check_device_writable("memset_async")?;
+    dst.check_stream(stream, "memset_async")?;
+    let base = dst.fence_base();
+    let p = dst.device_addr()?.cast_mut();
+    let _use = dst
+        .async_fence()
+        .begin(stream, (base, base + bytes), Access::Write)?;
+    // SAFETY: `p` is the device address of `bytes` bytes of `dst`, borrowed mutably; the use
+    // above orders the fill after conflicting work and records it, and the owner waits for it
+    // before host access or free.
+    let code = unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
+    check(code, || {
+        format!(
+            "cudaMemsetAsync({p:p}, {byte}, {bytes} bytes, stream {:p})",
             stream.as_raw()
         )
     })
@@ -484,6 +521,7 @@ mod tests {
         assert!(Plan::new(&mut dst, 2, &src, 0, 3).is_err());
         assert!(Plan::new(&mut dst, 0, &src, 6, 3).is_err());
         assert!(Plan::new(&mut dst, usize::MAX, &src, 0, 1).is_err());
-        assert_eq!(plan_range::<u32>(5, 12), (20, 32));
+        assert_eq!(plan_range::<u32>(0, 5, 12), (20, 32));
+        assert_eq!(plan_range::<u32>(100, 5, 12), (120, 132));
     }
 }

@@ -236,37 +236,8 @@ impl<T: Pod> DeviceBuffer<T> {
     /// `ptr` must come from `cudaMalloc` on the current device, hold at least `len` elements,
     /// not be freed elsewhere, and not be owned by anything else.
     pub unsafe fn from_raw(ptr: *mut T, len: usize) -> Result<Self> {
-        let ptr = NonNull::new(ptr).ok_or(Misuse::NullPointer {
-            op: "DeviceBuffer::from_raw",
-        })?;
-        size::alloc_bytes::<T>(len, "DeviceBuffer::from_raw")?;
-        if (ptr.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
-            return Err(Misuse::Misaligned {
-                addr: ptr.as_ptr() as usize,
-                align: std::mem::align_of::<T>(),
-            }
-            .into());
-        }
+        let ptr = size::raw_parts(ptr, len, "DeviceBuffer::from_raw")?;
         Ok(Self::adopt(ptr, len))
-    }
-
-    /// Gives up ownership: the caller must free the pointer with `cudaFree` (or, for a pooled
-    /// buffer, `cudaFreeAsync`; `cudaFree` frees pool memory too, without synchronizing).
-    /// Pending work recorded on the buffer is waited for first; if that wait fails, the
-    /// memory is leaked (as by [`free`](Self::free)) and the error returned. A pool the buffer
-    /// came from stays alive until that free: the runtime destroys a dropped pool only once
-    /// its memory is freed.
-    pub fn into_raw(self) -> Result<(*mut T, usize)> {
-        let mut me = std::mem::ManuallyDrop::new(self);
-        let waited = me.fence.host_wait(Access::Write);
-        // SAFETY: `me` is never used again; ownership of the memory passes to the caller (or
-        // is leaked, on error) and only the fence (an event) and the pool and stream handles
-        // are dropped, each once.
-        unsafe {
-            std::ptr::drop_in_place(&mut me.fence);
-            std::ptr::drop_in_place(&mut me.pooled);
-        }
-        waited.map(|()| (me.ptr.as_ptr(), me.len))
     }
 
     fn device_addr_impl(&self) -> Result<*const T> {

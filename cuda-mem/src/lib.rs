@@ -55,12 +55,15 @@ mod size;
 mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod view;
 
 pub use bytemuck::Pod;
 pub use cuda_mem_sys as sys;
 
 pub use access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
-pub use copy::{copy, copy_async, copy_range, copy_range_async, AsyncMemory, Memory, MemoryMut};
+pub use copy::{
+    copy, copy_async, copy_range, copy_range_async, memset_async, AsyncMemory, Memory, MemoryMut,
+};
 pub use device::DeviceBuffer;
 pub use devices::{
     driver_version, format_version, runtime_version, Device, DeviceGuard, MemoryCapabilities,
@@ -76,3 +79,4 @@ pub use pointer::{pointer_info, PointerInfo, PointerKind};
 pub use pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
 pub use registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
 pub use stream::Stream;
+pub use view::{Slice, View, ViewMut};

@@ -177,7 +177,8 @@ unsafe impl<T: Pod + Sync> Sync for ManagedBuffer<T> {}
 impl_buffer!(
     ManagedBuffer,
     Loc::Managed,
-    "The address, valid on host and device."
+    "The address, valid on host and device.",
+    attached
 );
 
 impl<T: Pod> ManagedBuffer<T> {
@@ -217,6 +218,60 @@ impl<T: Pod> ManagedBuffer<T> {
         Self::alloc(len, attach, "ManagedBuffer::uninit")
     }
 
+    /// Takes ownership of managed memory allocated with `cudaMallocManaged(.., attach)` on the
+    /// current device elsewhere (C or C++ code); freed with `cudaFree` on drop.
+    ///
+    /// Errors: [`Misuse::NullPointer`], [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::Misaligned`], and [`Misuse::InvalidFlags`] for [`Attach::Single`] (attach the
+    /// buffer to its stream with [`attach`](Self::attach) after adopting it).
+    ///
+    /// # Safety
+    /// `ptr` must come from `cudaMallocManaged` with `attach` on the current device, hold at
+    /// least `len` initialised elements, not be freed elsewhere, not be owned by anything
+    /// else, and have no GPU work pending on it.
+    pub unsafe fn from_raw(ptr: *mut T, len: usize, attach: Attach) -> Result<Self> {
+        let p = size::raw_parts(ptr, len, "ManagedBuffer::from_raw")?;
+        if attach == Attach::Single {
+            return Err(Misuse::InvalidFlags {
+                op: "ManagedBuffer::from_raw (SINGLE: adopt as GLOBAL or HOST, then attach)",
+                flags: attach.bits(),
+            }
+            .into());
+        }
+        let dev = Device::current()?;
+        let concurrent_access =
+            dev.attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)? != 0;
+        Ok(Self::adopt(
+            p,
+            len,
+            dev.ordinal(),
+            concurrent_access,
+            attach,
+        ))
+    }
+
+    fn adopt(
+        ptr: NonNull<T>,
+        len: usize,
+        device: i32,
+        concurrent_access: bool,
+        attach: Attach,
+    ) -> Self {
+        ManagedBuffer {
+            ptr,
+            len,
+            device,
+            concurrent_access,
+            attached: if attach == Attach::Host {
+                Attached::Host
+            } else {
+                Attached::Global
+            },
+            fence: Fence::default(),
+            _owns: PhantomData,
+        }
+    }
+
     fn alloc(len: usize, attach: Attach, op: &'static str) -> Result<Self> {
         let bytes = size::alloc_bytes::<T>(len, op)?;
         if attach == Attach::Single {
@@ -251,19 +306,7 @@ impl<T: Pod> ManagedBuffer<T> {
         let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer {
             op: "cudaMallocManaged",
         })?;
-        let buf = ManagedBuffer {
-            ptr,
-            len,
-            device: dev.ordinal(),
-            concurrent_access,
-            attached: if attach == Attach::Host {
-                Attached::Host
-            } else {
-                Attached::Global
-            },
-            fence: Fence::default(),
-            _owns: PhantomData,
-        };
+        let buf = Self::adopt(ptr, len, dev.ordinal(), concurrent_access, attach);
         Ok(buf)
     }
 

@@ -169,6 +169,28 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(buf)
     }
 
+    /// Takes ownership of pinned memory allocated with `cudaHostAlloc(flags)` or
+    /// `cudaMallocHost` elsewhere (C or C++ code); freed with `cudaFreeHost` on drop.
+    ///
+    /// Errors: [`Misuse::NullPointer`], [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::Misaligned`], [`Misuse::InvalidFlags`].
+    ///
+    /// # Safety
+    /// `ptr` must come from `cudaHostAlloc` with `flags` (or `cudaMallocHost` with
+    /// [`HostAllocFlags::DEFAULT`]), hold at least `len` initialised elements, not be freed
+    /// elsewhere, not be owned by anything else, and have no GPU work pending on it.
+    pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
+        let p = size::raw_parts(ptr, len, "PinnedBuffer::from_raw")?;
+        if HostAllocFlags::from_bits(flags.bits()).is_none() {
+            return Err(Misuse::InvalidFlags {
+                op: "PinnedBuffer::from_raw",
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        Self::adopt(p.as_ptr().cast(), len, flags, "PinnedBuffer::from_raw")
+    }
+
     fn adopt(
         raw: *mut std::os::raw::c_void,
         len: usize,

@@ -22,6 +22,25 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
         .ok_or_else(|| Misuse::SizeOverflow { len, elem_size }.into())
 }
 
+/// Checks the parts of memory allocated elsewhere (`from_raw`): not null, a non-zero length
+/// whose bytes fit, aligned for `T`.
+pub(crate) fn raw_parts<T>(
+    ptr: *mut T,
+    len: usize,
+    op: &'static str,
+) -> Result<std::ptr::NonNull<T>> {
+    let p = std::ptr::NonNull::new(ptr).ok_or(Misuse::NullPointer { op })?;
+    alloc_bytes::<T>(len, op)?;
+    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(Misuse::Misaligned {
+            addr: ptr as usize,
+            align: std::mem::align_of::<T>(),
+        }
+        .into());
+    }
+    Ok(p)
+}
+
 /// Checks that a copy's two sides have the same length in elements.
 pub(crate) fn same_len(dst: usize, src: usize) -> Result<()> {
     if dst == src {
