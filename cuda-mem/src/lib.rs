@@ -72,7 +72,7 @@ pub use devices::{
 pub use error::{Error, ErrorCode, Misuse, Result};
 pub use event::Event;
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
-pub use mapped::{alloc_mapped, alloc_mapped_uva, MappedBuffer};
+pub use mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
 pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};
 pub use pinned::{HostAllocFlags, PinnedBuffer};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};

@@ -190,6 +190,62 @@ impl<T: Pod> MappedBuffer<T> {
     }
 }
 
+/// Element types with a host atomic of the same size and alignment, for
+/// [`MappedBuffer::atomic`]. Sealed.
+pub trait AtomicElement: Pod + sealed_atomic::Sealed {
+    /// The atomic type (`AtomicU32` for `u32`, ...).
+    type Atomic;
+}
+
+mod sealed_atomic {
+    pub trait Sealed {}
+}
+
+macro_rules! atomic_element {
+    ($($t:ty => $a:ty),+) => {$(
+        impl sealed_atomic::Sealed for $t {}
+        impl AtomicElement for $t {
+            type Atomic = $a;
+        }
+    )+};
+}
+atomic_element!(
+    u32 => std::sync::atomic::AtomicU32,
+    i32 => std::sync::atomic::AtomicI32,
+    u64 => std::sync::atomic::AtomicU64,
+    i64 => std::sync::atomic::AtomicI64
+);
+
+impl<T: AtomicElement> MappedBuffer<T> {
+    /// Element `i` as a host atomic, for flags shared with a *running* kernel: the one host
+    /// access that does not wait for GPU work (a kernel that polls a flag the host sets would
+    /// never let a waiting access through). Kernels read the same element through
+    /// [`device_ptr`](crate::DevicePtr::device_ptr) (volatile or atomic loads) while the host
+    /// stores here; plain host access and GPU writes need `&mut self` and so cannot overlap
+    /// it. Out of range is [`Misuse::OutOfBounds`].
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_mem::Result<()> {
+    /// use std::sync::atomic::Ordering;
+    /// let flag = cuda_mem::alloc_mapped::<u32>(1)?;
+    /// // ... launch a kernel that spins on `flag.device_ptr(&stream)?` ...
+    /// flag.atomic(0)?.store(1, Ordering::Release); // the kernel sees it and finishes
+    /// # Ok(()) }
+    /// ```
+    pub fn atomic(&self, i: usize) -> Result<&T::Atomic> {
+        size::range(i, 1, self.len())?;
+        let p = self.host.as_ptr().wrapping_add(i).cast::<T::Atomic>();
+        // SAFETY: `p` is element `i` of the live pinned allocation (in bounds, checked above),
+        // aligned for `T`, whose atomic has the same size and alignment (the sealed impls above
+        // pair each integer with its std atomic). The borrow of `self` keeps the memory alive;
+        // non-atomic host access needs `&mut self` (`as_mut_slice`) and so does any GPU write
+        // through this crate, so neither overlaps this shared reference; concurrent GPU
+        // accesses are made by another agent through the device mapping, as with memory shared
+        // with another process, which atomics are the way to observe.
+        Ok(unsafe { &*p })
+    }
+}
+
 /// Shape 1 of C++ `cudaAllocMapped(void** cpuPtr, void** gpuPtr, size_t size)`: zeroed mapped
 /// memory whose CPU and GPU pointers are [`MappedBuffer::host_ptr`] and
 /// [`MappedBuffer::device_address`] (kernels take the latter through

@@ -145,6 +145,25 @@ impl Stream {
         })
     }
 
+    /// Borrows a stream that another library owns (PyTorch, cuBLAS, cudarc, C++ code), for use
+    /// wherever a `Stream` goes; it is never destroyed here. `device` is the device it belongs
+    /// to (a null handle is that device's legacy default stream).
+    ///
+    /// # Safety
+    /// `raw` must be a valid stream of `device` until the returned value *and every buffer
+    /// that queued work on it through this crate* are dropped or synchronized (`synchronize`,
+    /// or a host access that waits for that work): buffers record events on their streams
+    /// lazily, when someone waits, so they may still use the handle after its last use here.
+    pub unsafe fn from_raw(raw: sys::cudaStream_t, device: Device) -> Self {
+        Stream {
+            inner: Arc::new(StreamInner {
+                raw,
+                owned: false,
+                device: device.ordinal(),
+            }),
+        }
+    }
+
     /// The legacy default (null) stream of the current device (device 0 when the runtime
     /// cannot say). Not destroyed on drop.
     ///

@@ -20,6 +20,7 @@ mod pinned;
 mod pool;
 mod registered;
 mod soundness;
+mod views;
 
 /// A pattern that differs per element and per `seed`, so stale data never matches.
 pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
