@@ -412,18 +412,13 @@ where
         plan_range::<T>(dst.fence_base(), dst_offset, bytes),
     );
     // Marked when these drop, after the copy is queued below.
-    let _src_use = match src.fence() {
-        Some(f) => Some(f.begin(stream, sr, Access::Read)?),
-        None => None,
-    };
-    let _dst_use = match dst.fence() {
-        Some(f) => Some(f.begin(stream, dr, Access::Write)?),
-        None => None,
-    };
+    let _src_use = src.async_fence().begin(stream, sr, Access::Read)?;
+    let _dst_use = dst.async_fence().begin(stream, dr, Access::Write)?;
     // SAFETY: the ranges lie inside live allocations (`Plan::new`). The copy outlives this
     // call, which is sound because both sides are `AsyncMemory`: the uses above mark it on
-    // their fences before the borrows end, and the owners wait for it before host access or
-    // free; pending conflicting work was ordered before it by `begin`.
+    // their fences, and the owners wait for it before host access or free (for memory
+    // borrowed by a `scope`, the scope waits before it returns); pending conflicting work was
+    // ordered before it by `begin`.
     let code = unsafe { sys::cudaMemcpyAsync(d.cast(), s.cast(), bytes, kind, stream.as_raw()) };
     check(code, || {
         format!(

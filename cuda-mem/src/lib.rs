@@ -51,6 +51,7 @@ mod pinned;
 mod pointer;
 mod pool;
 mod registered;
+mod scope;
 mod size;
 mod stream;
 #[cfg(feature = "testing")]
@@ -78,5 +79,6 @@ pub use pinned::{HostAllocFlags, PinnedBuffer};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};
 pub use pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
 pub use registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
+pub use scope::{scope, Borrowed, BorrowedMut, Scope};
 pub use stream::Stream;
 pub use view::{Slice, View, ViewMut};

@@ -219,3 +219,45 @@ fn a_running_kernel_sees_a_mapped_flag_the_host_sets() {
     ));
     assert_eq!(flag.as_slice().unwrap()[0], 1);
 }
+
+/// `scope`: ordinary `Vec`s take part in asynchronous copies, and the scope returns only once
+/// they are done, also when its closure panics.
+#[test]
+fn a_scope_waits_for_async_copies_of_borrowed_vecs() {
+    gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let n = 4 << 20;
+    let input = pattern(n, 41);
+    let mut output = vec![0u32; n];
+    let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
+    let s = Stream::non_blocking().unwrap();
+    cuda_mem::scope(|sc| {
+        let (input, mut output) = (sc.borrow(&input), sc.borrow_mut(&mut output));
+        probes.spin(SPIN / 3, &s)?; // the copies queue behind this
+        copy_async(&mut dev, &input, &s)?;
+        copy_async(&mut output, &dev, &s)
+    })
+    .unwrap();
+    assert!(
+        s.is_idle().unwrap(),
+        "the scope returned before its work was done"
+    );
+    assert!(output == input);
+
+    // A panic inside the scope: it still waits before the borrows end.
+    let mut out2 = vec![0u32; n];
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = cuda_mem::scope(|sc| -> cuda_mem::Result<()> {
+            let mut out2 = sc.borrow_mut(&mut out2);
+            probes.spin(SPIN / 3, &s)?;
+            copy_async(&mut out2, &dev, &s)?;
+            panic!("in the scope");
+        });
+    }));
+    assert!(r.is_err());
+    assert!(
+        s.is_idle().unwrap(),
+        "the scope did not wait when unwinding"
+    );
+    assert!(out2 == input);
+}
