@@ -3,7 +3,8 @@
 /// For a buffer type `$ty<T>` with fields `ptr: NonNull<T>`, `len: usize`, `fence: Fence`, and
 /// methods `fn release(&self) -> Result<()>` (waits for the fence, then frees; returns before
 /// freeing when the wait fails), `fn device_addr_impl(&self) -> Result<*const T>` and
-/// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>`: the sealed copy and
+/// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>` and
+/// `fn device_ordinal_impl(&self) -> Option<i32>`: the sealed copy and
 /// device-pointer trait impls (at location `$loc`), and the accessors, `synchronize`, the
 /// fallible `free` and a `Drop` that never panics.
 ///
@@ -30,6 +31,9 @@ macro_rules! impl_buffer {
                 op: &'static str,
             ) -> $crate::Result<()> {
                 self.check_stream_impl(stream, op)
+            }
+            fn device_ordinal(&self) -> Option<i32> {
+                self.device_ordinal_impl()
             }
         }
 

@@ -112,6 +112,10 @@ pub(crate) mod sealed {
         fn fence_base(&self) -> usize {
             0
         }
+        /// The device that device memory lives on (`None` for other kinds).
+        fn device_ordinal(&self) -> Option<i32> {
+            None
+        }
         /// Refuses work on `stream` that the memory's state forbids (managed memory attached
         /// to another stream on a device without concurrent managed access).
         fn check_stream(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
@@ -244,7 +248,11 @@ where
     // The runtime queues the copy on the legacy stream of the current device; run it on the
     // device of the device-memory side (so that the recorded work is the work queued), and
     // give the caller back whatever device was current.
-    let device = copy_device(dst.loc(), d.cast_const().cast(), src.loc(), s.cast())?;
+    let device = match (dst.loc(), src.loc()) {
+        (Loc::Device, _) => dst.device_ordinal(),
+        (_, Loc::Device) => src.device_ordinal(),
+        _ => None,
+    };
     let _guard = match device {
         Some(dev) if dev != current_ordinal() => {
             Some(crate::devices::Device::from_ordinal_unchecked(dev).guard()?)
@@ -285,23 +293,6 @@ where
         }
     }
     result
-}
-
-/// The device a synchronous copy runs on: that of its device-memory side (the destination's
-/// when both are), or `None` (the current device) when neither side is device memory.
-fn copy_device(dst_loc: Loc, dst: *const u8, src_loc: Loc, src: *const u8) -> Result<Option<i32>> {
-    let p = match (dst_loc, src_loc) {
-        (Loc::Device, _) => dst,
-        (_, Loc::Device) => src,
-        _ => return Ok(None),
-    };
-    // With one device the memory is on the current one: skip the lookup (a runtime call) on
-    // the machines most copies run on. The count is fixed for the life of the process.
-    static COUNT: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    if *COUNT.get_or_init(|| crate::devices::Device::count().unwrap_or(0)) <= 1 {
-        return Ok(None);
-    }
-    Ok(Some(crate::pointer::pointer_info(p)?.device))
 }
 
 /// Orders a synchronous copy after pending work on one side. Device memory is touched only

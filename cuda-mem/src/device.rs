@@ -96,6 +96,8 @@ impl<T: Pod> DeviceBuffer<T> {
     /// Like [`from_pool`](Self::from_pool), zero-filled on `stream` (`cudaMemsetAsync`).
     pub fn zeroed_from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
         let mut buf = Self::pool_alloc(pool, len, stream, "DeviceBuffer::zeroed_from_pool")?;
+        // A legacy stream of another device is accepted, as by `from_pool`: make it current.
+        let _g = stream.inner().enter()?;
         buf.memset_async(0, stream)?;
         Ok(buf)
     }
@@ -238,6 +240,10 @@ impl<T: Pod> DeviceBuffer<T> {
     pub unsafe fn from_raw(ptr: *mut T, len: usize) -> Result<Self> {
         let ptr = size::raw_parts(ptr, len, "DeviceBuffer::from_raw")?;
         Ok(Self::adopt(ptr, len))
+    }
+
+    fn device_ordinal_impl(&self) -> Option<i32> {
+        Some(self.device)
     }
 
     fn device_addr_impl(&self) -> Result<*const T> {

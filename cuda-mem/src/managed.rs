@@ -381,6 +381,10 @@ impl<T: Pod> ManagedBuffer<T> {
         self.concurrent_access
     }
 
+    fn device_ordinal_impl(&self) -> Option<i32> {
+        None
+    }
+
     fn device_addr_impl(&self) -> Result<*const T> {
         Ok(self.ptr.as_ptr())
     }

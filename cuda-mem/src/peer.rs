@@ -270,6 +270,9 @@ pub struct StagedCopy {
     drained: Vec<Event>,
     /// The slot the next chunk uses.
     next: usize,
+    /// A copy failed midway and the streams could not be synchronized: the slots' events may
+    /// not describe what was queued, so no further copy is accepted.
+    poisoned: bool,
 }
 
 impl std::fmt::Debug for StagedCopy {
@@ -326,6 +329,7 @@ impl StagedCopy {
             filled,
             drained,
             next: 0,
+            poisoned: false,
         })
     }
 
@@ -353,6 +357,15 @@ impl StagedCopy {
         src_offset: usize,
         count: usize,
     ) -> Result<()> {
+        if self.poisoned {
+            return Err(Misuse::InvalidArgument {
+                op: "StagedCopy::copy",
+                reason: "an earlier copy failed midway and its streams could not be \
+                         synchronized; make a new StagedCopy"
+                    .into(),
+            }
+            .into());
+        }
         for (op, expected, found) in [
             (
                 "StagedCopy: source buffer",
@@ -398,9 +411,11 @@ impl StagedCopy {
         let result = ring.queue(&mut self.next, d.cast(), s.cast(), bytes);
         if result.is_err() {
             // A slot's events may not describe what was queued: let everything queued finish
-            // so that no later chunk can overwrite a slot still being read.
-            let _ = self.d2h.synchronize();
-            let _ = self.h2d.synchronize();
+            // so that no later chunk can overwrite a slot still being read; if that cannot be
+            // known, refuse every later copy.
+            let a = self.d2h.synchronize();
+            let b = self.h2d.synchronize();
+            self.poisoned = a.is_err() || b.is_err();
         }
         result
     }

@@ -216,6 +216,9 @@ impl<T: Pod> PinnedBuffer<T> {
     /// Freed with `cudaFreeAsync` on `stream`, after all work recorded on the buffer, without
     /// blocking. Usable wherever a `cudaHostAlloc` buffer is; its device address is its host
     /// address (pool memory has one address for the host and every device given access).
+    /// Only devices the pool grants access to (its own, and those given
+    /// [`MemPool::set_access`]) may touch it: work on another device's stream is refused by
+    /// the runtime, not checked here.
     ///
     /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`]; [`Misuse::InvalidArgument`]
     /// for a device pool; out of memory as for
@@ -329,6 +332,10 @@ impl<T: Pod> PinnedBuffer<T> {
         // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique, and no GPU work that
         // uses the buffer can be queued through safe code while it lives.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
+    }
+
+    fn device_ordinal_impl(&self) -> Option<i32> {
+        None
     }
 
     fn device_addr_impl(&self) -> Result<*const T> {

@@ -237,9 +237,7 @@ impl MemPool {
             ));
         }
         if !matches!(device.attribute(ATTR_HOST_MEMORY_POOLS), Ok(v) if v != 0) {
-            // SAFETY: no arguments; clears the error a driver that does not know the
-            // attribute may have left.
-            unsafe { sys::cudaGetLastError() };
+            // (A failed read has cleared its own error: `check` does that.)
             return Err(unsupported(
                 "host memory pools (cudaDevAttrHostMemoryPoolsSupported)",
             ));
@@ -428,6 +426,9 @@ impl MemPool {
         if bytes == 0 {
             return Ok(());
         }
+        // The null handle is the current device's legacy stream: keep the stream's device
+        // current across both calls, so that the free is ordered after the allocation.
+        let _g = stream.inner().enter()?;
         let (ptr, _) = alloc(self, bytes, stream, "MemPool::reserve")?;
         let p = ptr.as_ptr();
         // SAFETY: `p` was just allocated on `stream` from this pool and is used by nothing:

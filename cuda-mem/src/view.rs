@@ -174,6 +174,9 @@ macro_rules! view_raw {
             fn fence_base(&self) -> usize {
                 self.parent.fence_base() + self.start * std::mem::size_of::<T>()
             }
+            fn device_ordinal(&self) -> Option<i32> {
+                self.parent.device_ordinal()
+            }
             fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
                 self.parent.check_stream(stream, op)
             }
