@@ -7,7 +7,10 @@
 use std::ffi::{CStr, CString};
 use std::os::raw::c_void;
 
-use cuda_mem::{sys, Device, Error, ErrorCode, Misuse, Result, Stream};
+use cuda_mem::{
+    sys, Device, DeviceBuffer, DevicePtr, DevicePtrMut as _, Error, ErrorCode, Misuse, Result,
+    Stream,
+};
 
 /// Turns a runtime return code into a `Result`, clearing the thread's last error on failure.
 fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
@@ -428,7 +431,9 @@ mod driver {
 /// - `cm_wait(const volatile u32* flag, u64 timeout_ns)`: spins until `*flag != 0`, or until
 ///   `timeout_ns` have passed (`%globaltimer`), so that a host that never releases it cannot
 ///   hang the GPU;
-/// - `cm_spin(u64 ns)`: spins for `ns` nanoseconds: a slow kernel that holds a stream.
+/// - `cm_spin(u64 ns)`: spins for `ns` nanoseconds: a slow kernel that holds a stream;
+/// - `cm_xor(const u32* p, u64 n, u32* out)`: XORs `n` words into `*out` (grid-stride, one
+///   atomic per thread).
 pub const PROBE_PTX: &CStr = c"
 .version 7.0
 .target sm_70
@@ -552,6 +557,39 @@ SPIN_LOOP:
     @%p1 bra SPIN_LOOP;
     ret;
 }
+
+.visible .entry cm_xor(.param .u64 cm_xor_p, .param .u64 cm_xor_n, .param .u64 cm_xor_out)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [cm_xor_p];
+    ld.param.u64 %rd2, [cm_xor_n];
+    ld.param.u64 %rd3, [cm_xor_out];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd3, %rd3;
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd4, %r1, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    add.u64 %rd4, %rd4, %rd5;
+    mul.wide.u32 %rd6, %r4, %r2;
+    mov.b32 %r5, 0;
+XOR_LOOP:
+    setp.ge.u64 %p1, %rd4, %rd2;
+    @%p1 bra XOR_DONE;
+    shl.b64 %rd7, %rd4, 2;
+    add.u64 %rd8, %rd1, %rd7;
+    ld.global.u32 %r6, [%rd8];
+    xor.b32 %r5, %r5, %r6;
+    add.u64 %rd4, %rd4, %rd6;
+    bra XOR_LOOP;
+XOR_DONE:
+    atom.global.xor.b32 %r7, [%rd3], %r5;
+    ret;
+}
 ";
 
 /// The [`PROBE_PTX`] kernels, loaded once and looked up once.
@@ -563,6 +601,7 @@ pub struct Probes {
     fault: RawKernel,
     wait: RawKernel,
     spin: RawKernel,
+    xor: RawKernel,
     lib: Library,
     sms: u32,
 }
@@ -584,6 +623,7 @@ impl Probes {
             fault: k("cm_fault")?,
             wait: k("cm_wait")?,
             spin: k("cm_spin")?,
+            xor: k("cm_xor")?,
             sms,
             lib,
         })
@@ -676,6 +716,40 @@ impl Probes {
         ];
         // SAFETY: two arguments of the kernel's types; the caller vouches for the memory.
         unsafe { self.kernel(self.wait).launch(1, 1, 0, stream, &mut args) }
+    }
+
+    /// The XOR of every `u32` of `mem`, computed by a kernel on `stream`: **any** memory of
+    /// cuda-mem that the device can address (device, pinned, mapped, managed, registered, and
+    /// views of them), through nothing but the public API: the read guard orders the kernel
+    /// after pending writes and records it, so the result is exact whatever was queued before.
+    pub fn xor_checksum<M: DevicePtr<u32> + ?Sized>(
+        &self,
+        mem: &M,
+        stream: &Stream,
+    ) -> Result<u32> {
+        let mut out = DeviceBuffer::<u32>::zeroed(1)?;
+        {
+            let input = mem.device_ptr(stream)?;
+            let mut n = input.len() as u64;
+            if n > 0 {
+                let result = out.device_ptr_mut(stream)?;
+                let mut p = input.as_ptr();
+                let mut o = result.as_mut_ptr();
+                let mut args = [
+                    (&mut p as *mut *const u32).cast(),
+                    (&mut n as *mut u64).cast(),
+                    (&mut o as *mut *mut u32).cast(),
+                ];
+                // SAFETY: three arguments of the kernel's types: the read guard's `n` words and
+                // the write guard's one word, both queued on the guards' stream while they live
+                // (the guards record the launch on both buffers).
+                unsafe {
+                    self.kernel(self.xor)
+                        .launch(self.grid(), 512, 0, stream, &mut args)?
+                };
+            }
+        }
+        Ok(out.to_vec()?[0])
     }
 
     /// Queues `cm_spin`: one thread that holds `stream` for `ns` nanoseconds and touches no

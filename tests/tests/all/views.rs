@@ -261,3 +261,71 @@ fn a_scope_waits_for_async_copies_of_borrowed_vecs() {
     );
     assert!(out2 == input);
 }
+
+/// A function written against the public traits only (`cuda_mem_probes::Probes::xor_checksum`
+/// takes any `DevicePtr<u32>`), used on every kind of memory and on views of them: the
+/// checksum the kernel computes is the host's.
+#[test]
+fn one_generic_kernel_launcher_serves_every_kind_and_view() {
+    gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let s = Stream::new().unwrap();
+    let n = 1 << 16;
+    let data = pattern(n, 77);
+    let xor = |v: &[u32]| v.iter().fold(0, |a, &b| a ^ b);
+    let whole = xor(&data);
+    let part = xor(&data[100..5000]);
+
+    let dev = DeviceBuffer::from_slice(&data).unwrap();
+    let pinned = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
+    let mut mapped = alloc_mapped::<u32>(n).unwrap();
+    mapped.as_mut_slice().unwrap().copy_from_slice(&data);
+    let mut managed = ManagedBuffer::<u32>::zeroed(n, Attach::Global).unwrap();
+    managed.as_mut_slice().unwrap().copy_from_slice(&data);
+    let registered =
+        cuda_mem::RegisteredVec::register(data.clone(), cuda_mem::HostRegisterFlags::DEFAULT)
+            .unwrap();
+    assert_eq!(probes.xor_checksum(&dev, &s).unwrap(), whole, "device");
+    assert_eq!(probes.xor_checksum(&pinned, &s).unwrap(), whole, "pinned");
+    assert_eq!(probes.xor_checksum(&mapped, &s).unwrap(), whole, "mapped");
+    assert_eq!(probes.xor_checksum(&managed, &s).unwrap(), whole, "managed");
+    assert_eq!(
+        probes.xor_checksum(&registered, &s).unwrap(),
+        whole,
+        "registered"
+    );
+    for (what, got) in [
+        (
+            "device view",
+            probes.xor_checksum(&dev.slice(100..5000).unwrap(), &s),
+        ),
+        (
+            "pinned view",
+            probes.xor_checksum(&pinned.slice(100..5000).unwrap(), &s),
+        ),
+        (
+            "mapped view",
+            probes.xor_checksum(&mapped.slice(100..5000).unwrap(), &s),
+        ),
+        (
+            "managed view",
+            probes.xor_checksum(&managed.slice(100..5000).unwrap(), &s),
+        ),
+        (
+            "registered view",
+            probes.xor_checksum(&registered.slice(100..5000).unwrap(), &s),
+        ),
+    ] {
+        assert_eq!(got.unwrap(), part, "{what}");
+    }
+    // Ordered after a pending write on another stream: the checksum sees the new data.
+    let probes_s = Stream::non_blocking().unwrap();
+    let mut dev2 = DeviceBuffer::<u32>::zeroed(n).unwrap();
+    probes.spin(SPIN / 3, &probes_s).unwrap();
+    copy_async(&mut dev2, &pinned, &probes_s).unwrap();
+    assert_eq!(
+        probes.xor_checksum(&dev2, &s).unwrap(),
+        whole,
+        "ordered after the copy"
+    );
+}
