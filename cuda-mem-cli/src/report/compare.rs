@@ -147,7 +147,8 @@ pub fn compare(new: &BenchJson, old: &BenchJson, noise: f64) -> Vec<Change> {
         let beyond = match (outside(n.median, o.q), outside(o.median, n.q)) {
             (Some(a), Some(b)) => a && b,
             (Some(a), None) | (None, Some(a)) => a,
-            (None, None) => true,
+            // No spread in either run: the threshold alone decides.
+            (None, None) => change.abs() >= noise,
         };
         let verdict = if !beyond {
             Verdict::Unchanged
