@@ -1,55 +1,58 @@
-//! The command line, parsed by hand: `info [--json]` and `bench [options]`.
+//! The command line (clap, derive): `info`, `bench`, `compare` and `completions`.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
+
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::units::{fmt_size, parse_size};
 
-/// The usage text of `--help`.
-pub const USAGE: &str = "\
-cuda-mem: what each kind of CUDA memory costs on this machine
+/// What each kind of CUDA memory costs on this machine.
+///
+/// Exit status: 0 success, 1 failure (no driver or device, a CUDA error, data that did not
+/// verify, a regression with --fail-on-regression), 2 bad command line.
+#[derive(Debug, Parser)]
+#[command(name = "cuda-mem", about, long_about, max_term_width = 100)]
+pub struct Cli {
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
 
-Usage:
-  cuda-mem info [--json]
-  cuda-mem bench [--quick] [--json PATH|-] [--svg PATH|-] [--sizes LIST] [--samples N]
-                 [--out-dir DIR]
-  cuda-mem --help | --version
-
-info     runtime and driver versions, then every device: name, compute capability, PCI bus
-         id, free/total memory and memory capabilities.
-  --json           print JSON instead of text
-
-bench    copy bandwidth (pageable, pinned, write-combined, mapped, registered host memory
-         to and from the device, and device to device), kernel read/write bandwidth (device,
-         zero-copy mapped, managed), allocation + free latency; each through the safe
-         cuda-mem API and through raw cuda-mem-sys calls, so the overhead shows as a ratio.
-  --quick          a short run (under 30 s): 5 sizes up to 64 MiB, 5 samples
-  --json PATH|-    write the results as JSON to PATH, or to stdout with '-' (the table then
-                   goes to stderr)
-  --svg PATH|-     write a plot of copy bandwidth against transfer size (SVG)
-  --sizes LIST     copy sizes, comma-separated, multiples of 16 bytes, binary units
-                   (e.g. 4K,1M,256M,1G); default: powers of two from 4KiB to 1GiB
-  --samples N      timed samples per measurement, median reported (3..=1000; default 15,
-                   5 with --quick)
-  --out-dir DIR    write bench.txt, bench.json and bench.svg into DIR
-
-Progress goes to stderr. Exit status: 0 success, 1 failure (no driver or device, a CUDA
-error, data that did not verify), 2 bad command line.
-";
-
-/// A parsed command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A command.
+#[derive(Debug, Clone, PartialEq, Subcommand)]
 pub enum Command {
-    /// `--help`, `-h`, `help`.
-    Help,
-    /// `--version`, `-V`.
-    Version,
-    /// `info`.
+    /// Runtime and driver versions, then every device: name, compute capability, PCI bus id
+    /// and link, free/total memory, memory capabilities, pools and copy engines.
     Info {
-        /// `--json`.
+        /// Print JSON instead of text.
+        #[arg(long)]
         json: bool,
     },
-    /// `bench`.
+    /// Copy bandwidth (every kind of host memory to and from the device, device to device,
+    /// both directions at once), kernel bandwidth, allocation latency and per-call cost; each
+    /// through the safe cuda-mem API and through raw cuda-mem-sys calls, so the overhead
+    /// shows as a ratio.
+    ///
+    /// Progress goes to stderr: a bar per stage on a terminal, plain lines otherwise.
     Bench(BenchArgs),
+    /// Compare two saved `bench --json` files: each figure of NEW against BASELINE.
+    Compare(CompareArgs),
+    /// Redraw the SVG plot from a saved `bench --json` file.
+    Plot {
+        /// The saved run.
+        #[arg(value_name = "BENCH.json")]
+        input: PathBuf,
+        /// Where the SVG goes: PATH, or '-' for stdout.
+        #[arg(short, long, value_name = "PATH|-", default_value = "-", value_parser = output)]
+        output: Output,
+    },
+    /// Print a shell completion script, e.g. `cuda-mem completions bash > /etc/bash_completion.d/cuda-mem`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Where an output goes.
@@ -61,170 +64,211 @@ pub enum Output {
     File(PathBuf),
 }
 
+/// How a run is compared with a baseline.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct Thresholds {
+    /// Changes smaller than this (percent) are noise even when beyond the spread, as
+    /// criterion's noise threshold.
+    #[arg(long, value_name = "PCT", default_value_t = 2.0, value_parser = percent)]
+    pub noise_threshold: f64,
+    /// Exit with status 1 when a figure regressed.
+    #[arg(long)]
+    pub fail_on_regression: bool,
+}
+
 /// The options of `bench`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Args)]
 pub struct BenchArgs {
-    /// `--quick`.
+    /// A short run (under 30 s): 5 sizes up to 64 MiB, 5 samples.
+    #[arg(long)]
     pub quick: bool,
-    /// `--json`.
+    /// Write the results as JSON to PATH, or to stdout with '-' (the table then goes to stderr).
+    #[arg(long, value_name = "PATH|-", value_parser = output)]
     pub json: Option<Output>,
-    /// `--svg`.
+    /// Write a plot of copy bandwidth against transfer size (SVG) to PATH, or '-'.
+    #[arg(long, value_name = "PATH|-", value_parser = output)]
     pub svg: Option<Output>,
-    /// `--sizes`, sorted, without duplicates.
-    pub sizes: Option<Vec<u64>>,
-    /// `--samples`.
+    /// Copy sizes, comma-separated, multiples of 16 bytes, binary units (e.g. 4K,1M,256M,1G);
+    /// default: powers of two from 4KiB to 1GiB.
+    #[arg(long, value_name = "LIST", value_parser = sizes)]
+    pub sizes: Option<Sizes>,
+    /// Timed samples per measurement, median reported (3..=1000; default 15, 5 with --quick).
+    #[arg(long, value_name = "N", value_parser = samples)]
     pub samples: Option<u32>,
-    /// `--out-dir`.
+    /// Write bench.txt, bench.json and bench.svg into DIR.
+    #[arg(long, value_name = "DIR")]
     pub out_dir: Option<PathBuf>,
+    /// Compare with a saved `--json` file and flag each figure that moved beyond its
+    /// run-to-run spread.
+    #[arg(long, value_name = "FILE.json")]
+    pub baseline: Option<PathBuf>,
+    /// Thresholds of the comparison.
+    #[command(flatten)]
+    pub thresholds: Thresholds,
 }
 
-/// A command-line error: the message to print before the usage hint (exit status 2).
+impl Default for BenchArgs {
+    fn default() -> Self {
+        BenchArgs {
+            quick: false,
+            json: None,
+            svg: None,
+            sizes: None,
+            samples: None,
+            out_dir: None,
+            baseline: None,
+            thresholds: Thresholds {
+                noise_threshold: 2.0,
+                fail_on_regression: false,
+            },
+        }
+    }
+}
+
+/// The options of `compare`.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct CompareArgs {
+    /// The new run (`bench --json` output).
+    #[arg(value_name = "NEW.json")]
+    pub new: PathBuf,
+    /// The run to compare with.
+    #[arg(value_name = "BASELINE.json")]
+    pub baseline: PathBuf,
+    /// Thresholds of the comparison.
+    #[command(flatten)]
+    pub thresholds: Thresholds,
+}
+
+/// Copy sizes, ascending, without duplicates (a newtype: clap would read a `Vec` as a
+/// repeated option).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError(pub String);
+pub struct Sizes(pub Vec<u64>);
 
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, UsageError> {
-    Err(UsageError(msg.into()))
-}
-
-/// Parses the arguments after the program name.
-pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, UsageError> {
-    let mut args = args.into_iter();
-    let Some(cmd) = args.next() else {
-        return err("no command given");
-    };
-    let rest: Vec<String> = args.collect();
-    // `--help` anywhere wins, so that `cuda-mem bench --help` never starts a run.
-    if rest.iter().any(|a| a == "--help" || a == "-h") {
-        return Ok(Command::Help);
-    }
-    match cmd.as_str() {
-        "--help" | "-h" | "help" => Ok(Command::Help),
-        "--version" | "-V" => Ok(Command::Version),
-        "info" => parse_info(&rest),
-        "bench" => parse_bench(&rest).map(Command::Bench),
-        other if other.starts_with('-') => err(format!("unknown option '{other}'")),
-        other => err(format!("unknown command '{other}' (commands: info, bench)")),
-    }
-}
-
-fn parse_info(rest: &[String]) -> Result<Command, UsageError> {
-    let mut json = false;
-    for a in rest {
-        match a.as_str() {
-            "--json" => json = true,
-            other => return err(format!("unknown option '{other}' for 'info'")),
-        }
-    }
-    Ok(Command::Info { json })
-}
-
-/// Splits `--flag=value` into `("--flag", Some("value"))`.
-fn split_flag(arg: &str) -> (&str, Option<&str>) {
-    match arg.split_once('=') {
-        Some((f, v)) if f.starts_with("--") => (f, Some(v)),
-        _ => (arg, None),
-    }
-}
-
-fn parse_bench(rest: &[String]) -> Result<BenchArgs, UsageError> {
-    let mut out = BenchArgs::default();
-    let mut it = rest.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = split_flag(arg);
-        let mut value = |name: &str| -> Result<String, UsageError> {
-            match inline {
-                Some(v) => Ok(v.to_string()),
-                None => match it.next() {
-                    Some(v) => Ok(v.clone()),
-                    None => err(format!("{name} needs a value")),
-                },
-            }
-        };
-        match flag {
-            "--quick" if inline.is_none() => out.quick = true,
-            "--json" => out.json = Some(output(&value("--json")?, "--json")?),
-            "--svg" => out.svg = Some(output(&value("--svg")?, "--svg")?),
-            "--sizes" => out.sizes = Some(sizes(&value("--sizes")?)?),
-            "--samples" => out.samples = Some(samples(&value("--samples")?)?),
-            "--out-dir" => {
-                let v = value("--out-dir")?;
-                if v.is_empty() {
-                    return err("--out-dir needs a directory");
-                }
-                out.out_dir = Some(PathBuf::from(v));
-            }
-            _ => return err(format!("unknown option '{arg}' for 'bench'")),
-        }
-    }
-    if out.json == Some(Output::Stdout) && out.svg == Some(Output::Stdout) {
-        return err("--json - and --svg - cannot both write to stdout");
-    }
-    Ok(out)
-}
-
-fn output(v: &str, name: &str) -> Result<Output, UsageError> {
+fn output(v: &str) -> Result<Output, String> {
     match v {
-        "" => err(format!("{name} needs a path, or '-' for stdout")),
+        "" => Err("needs a path, or '-' for stdout".into()),
         "-" => Ok(Output::Stdout),
         p => Ok(Output::File(PathBuf::from(p))),
     }
 }
 
-fn sizes(v: &str) -> Result<Vec<u64>, UsageError> {
+fn sizes(v: &str) -> Result<Sizes, String> {
     let mut out = Vec::new();
     for part in v.split(',').filter(|p| !p.trim().is_empty()) {
-        let n = parse_size(part).map_err(|e| UsageError(format!("--sizes: {e}")))?;
+        let n = parse_size(part)?;
         if n < 16 || n % 16 != 0 {
-            return err(format!(
-                "--sizes: {} is not a positive multiple of 16 bytes",
+            return Err(format!(
+                "{} is not a positive multiple of 16 bytes",
                 part.trim()
             ));
         }
         if n > 64 << 30 {
-            return err(format!("--sizes: {} is over 64GiB", fmt_size(n)));
+            return Err(format!("{} is over 64GiB", fmt_size(n)));
         }
         out.push(n);
     }
     if out.is_empty() {
-        return err("--sizes needs at least one size, e.g. 4K,1M,64M");
+        return Err("needs at least one size, e.g. 4K,1M,64M".into());
     }
     out.sort_unstable();
     out.dedup();
-    Ok(out)
+    Ok(Sizes(out))
 }
 
-fn samples(v: &str) -> Result<u32, UsageError> {
+fn samples(v: &str) -> Result<u32, String> {
     match v.trim().parse::<u32>() {
         Ok(n) if (3..=1000).contains(&n) => Ok(n),
-        _ => err(format!(
-            "--samples: '{v}' is not a number from 3 to 1000 (the median needs at least 3)"
-        )),
+        _ => Err("not a number from 3 to 1000 (the median needs at least 3)".into()),
     }
+}
+
+fn percent(v: &str) -> Result<f64, String> {
+    match v.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(x) if (0.0..=100.0).contains(&x) => Ok(x),
+        _ => Err("not a percentage from 0 to 100".into()),
+    }
+}
+
+/// The version line: the package's, and the CUDA headers it was built with.
+pub fn version() -> String {
+    format!(
+        "{} (built with CUDA {} headers)",
+        env!("CARGO_PKG_VERSION"),
+        cuda_mem::format_version(cuda_mem::BUILT_CUDART_VERSION as i32)
+    )
+}
+
+/// The clap command, with the version line.
+pub fn command() -> clap::Command {
+    Cli::command().version(version())
+}
+
+/// Parses `args` (the program name first). `Err` is clap's: help and version are "errors"
+/// that print to stdout and exit 0, the others print to stderr and exit 2.
+pub fn parse<I, T>(args: I) -> Result<Command, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let mut cmd = command();
+    let matches = cmd.try_get_matches_from_mut(args)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+    if let Command::Bench(b) = &cli.command {
+        if b.json == Some(Output::Stdout) && b.svg == Some(Output::Stdout) {
+            return Err(cmd.error(
+                ErrorKind::ArgumentConflict,
+                "--json - and --svg - cannot both write to stdout",
+            ));
+        }
+        if b.thresholds.fail_on_regression && b.baseline.is_none() {
+            return Err(cmd.error(
+                ErrorKind::MissingRequiredArgument,
+                "--fail-on-regression needs --baseline FILE.json",
+            ));
+        }
+    }
+    Ok(cli.command)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind as K;
 
-    fn p(args: &[&str]) -> Result<Command, UsageError> {
-        parse(args.iter().map(|s| s.to_string()))
+    fn p(args: &[&str]) -> Result<Command, clap::Error> {
+        parse(std::iter::once("cuda-mem").chain(args.iter().copied()))
+    }
+
+    fn kind(args: &[&str]) -> K {
+        p(args).unwrap_err().kind()
+    }
+
+    fn msg(args: &[&str]) -> String {
+        p(args).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        command().debug_assert();
     }
 
     #[test]
     fn commands() {
-        assert_eq!(p(&["--help"]), Ok(Command::Help));
-        assert_eq!(p(&["help"]), Ok(Command::Help));
-        assert_eq!(p(&["bench", "--quick", "-h"]), Ok(Command::Help));
-        assert_eq!(p(&["-V"]), Ok(Command::Version));
-        assert_eq!(p(&["info"]), Ok(Command::Info { json: false }));
-        assert_eq!(p(&["info", "--json"]), Ok(Command::Info { json: true }));
-        assert_eq!(p(&["bench"]), Ok(Command::Bench(BenchArgs::default())));
+        assert_eq!(kind(&["--help"]), K::DisplayHelp);
+        assert_eq!(kind(&["bench", "--quick", "-h"]), K::DisplayHelp);
+        assert_eq!(kind(&["-V"]), K::DisplayVersion);
+        assert_eq!(p(&["info"]).unwrap(), Command::Info { json: false });
+        assert_eq!(
+            p(&["info", "--json"]).unwrap(),
+            Command::Info { json: true }
+        );
+        assert_eq!(p(&["bench"]).unwrap(), Command::Bench(BenchArgs::default()));
+        assert_eq!(
+            p(&["completions", "zsh"]).unwrap(),
+            Command::Completions {
+                shell: clap_complete::Shell::Zsh
+            }
+        );
     }
 
     #[test]
@@ -240,38 +284,45 @@ mod tests {
             "--samples=7",
             "--out-dir",
             "out",
-        ]);
+            "--baseline",
+            "old.json",
+            "--fail-on-regression",
+            "--noise-threshold",
+            "5%",
+        ])
+        .unwrap();
         assert_eq!(
             got,
-            Ok(Command::Bench(BenchArgs {
+            Command::Bench(BenchArgs {
                 quick: true,
                 json: Some(Output::Stdout),
                 svg: Some(Output::File("plot.svg".into())),
-                sizes: Some(vec![4096, 1 << 20, 64 << 20]),
+                sizes: Some(Sizes(vec![4096, 1 << 20, 64 << 20])),
                 samples: Some(7),
                 out_dir: Some("out".into()),
-            }))
+                baseline: Some("old.json".into()),
+                thresholds: Thresholds {
+                    noise_threshold: 5.0,
+                    fail_on_regression: true
+                },
+            })
         );
+        let Command::Compare(c) = p(&["compare", "a.json", "b.json"]).unwrap() else {
+            panic!("compare")
+        };
+        assert_eq!(c.new, PathBuf::from("a.json"));
+        assert_eq!(c.thresholds.noise_threshold, 2.0);
     }
 
     #[test]
     fn errors_are_clear() {
-        let msg = |a: &[&str]| p(a).unwrap_err().0;
-        assert!(p(&[]).is_err());
-        assert_eq!(
-            msg(&["frobnicate"]),
-            "unknown command 'frobnicate' (commands: info, bench)"
-        );
-        assert_eq!(msg(&["--frob"]), "unknown option '--frob'");
-        assert_eq!(
-            msg(&["info", "--quick"]),
-            "unknown option '--quick' for 'info'"
-        );
-        assert_eq!(
-            msg(&["bench", "--fast"]),
-            "unknown option '--fast' for 'bench'"
-        );
-        assert_eq!(msg(&["bench", "--json"]), "--json needs a value");
+        assert_eq!(kind(&[]), K::DisplayHelpOnMissingArgumentOrSubcommand);
+        assert_eq!(kind(&["frobnicate"]), K::InvalidSubcommand);
+        assert!(msg(&["frobnicate"]).contains("unrecognized subcommand 'frobnicate'"));
+        assert_eq!(kind(&["--frob"]), K::UnknownArgument);
+        assert_eq!(kind(&["info", "--quick"]), K::UnknownArgument);
+        assert!(msg(&["bench", "--fast"]).contains("unexpected argument '--fast'"));
+        assert!(msg(&["bench", "--json"]).contains("a value is required for '--json <PATH|->'"));
         assert!(msg(&["bench", "--samples", "2"]).contains("3 to 1000"));
         assert!(msg(&["bench", "--samples", "x"]).contains("3 to 1000"));
         assert!(msg(&["bench", "--sizes", "17"]).contains("multiple of 16"));
@@ -279,6 +330,18 @@ mod tests {
         assert!(msg(&["bench", "--sizes", ","]).contains("at least one size"));
         assert!(msg(&["bench", "--sizes", "128G"]).contains("over 64GiB"));
         assert!(msg(&["bench", "--json", "-", "--svg", "-"]).contains("both"));
-        assert!(msg(&["bench", "--quick=yes"]).contains("unknown option"));
+        assert!(msg(&["bench", "--fail-on-regression"]).contains("needs --baseline"));
+        assert!(msg(&["bench", "--noise-threshold", "150"]).contains("percentage"));
+        assert_eq!(kind(&["bench", "--quick=yes"]), K::TooManyValues);
+        assert_eq!(kind(&["completions", "tcsh"]), K::InvalidValue);
+        assert_eq!(kind(&["compare", "a.json"]), K::MissingRequiredArgument);
+        // Every usage error exits 2.
+        for args in [
+            &["bench", "--fast"][..],
+            &["frobnicate"],
+            &["bench", "--json", "-", "--svg", "-"],
+        ] {
+            assert_eq!(p(args).unwrap_err().exit_code(), 2, "{args:?}");
+        }
     }
 }

@@ -2,10 +2,13 @@
 //!
 //! `cuda-mem info` lists the devices and their memory capabilities; `cuda-mem bench` measures
 //! copy and kernel bandwidth and allocation latency of every kind of memory through the safe
-//! `cuda-mem` API and through raw `cuda-mem-sys` calls. Run `cuda-mem --help` for the options.
+//! `cuda-mem` API and through raw `cuda-mem-sys` calls; `cuda-mem compare` and
+//! `bench --baseline` compare runs; `cuda-mem plot` redraws the plot of a saved run;
+//! `cuda-mem completions SHELL` prints a completion script. Run `cuda-mem --help`.
 //!
 //! Exit status: 0 success, 1 failure (no driver or device, a CUDA error, data that did not
-//! verify), 2 bad command line. Errors are one message on stderr, never a panic.
+//! verify, a regression with `--fail-on-regression`), 2 bad command line. Errors are one
+//! message on stderr, never a panic.
 
 mod args;
 mod bench;
@@ -17,29 +20,27 @@ mod units;
 
 use std::process::ExitCode;
 
-use args::Command;
+use args::{Command, CompareArgs};
 
 fn main() -> ExitCode {
-    let mut argv = Vec::new();
-    for a in std::env::args_os().skip(1) {
-        match a.into_string() {
-            Ok(s) => argv.push(s),
-            Err(bad) => return usage_error(&format!("argument {bad:?} is not valid UTF-8")),
-        }
-    }
-    let cmd = match args::parse(argv) {
+    let cmd = match args::parse(std::env::args_os()) {
         Ok(c) => c,
-        Err(e) => return usage_error(&e.0),
+        // Help and version print to stdout and exit 0; usage errors print to stderr (with
+        // the usage line and a pointer to --help) and exit 2.
+        Err(e) => e.exit(),
     };
     let result = match cmd {
-        Command::Help => report::to_stdout(args::USAGE),
-        Command::Version => report::to_stdout(&format!(
-            "cuda-mem {} (built with CUDA {} headers)\n",
-            env!("CARGO_PKG_VERSION"),
-            cuda_mem::format_version(cuda_mem::BUILT_CUDART_VERSION as i32)
-        )),
         Command::Info { json } => info::run(json),
         Command::Bench(a) => bench::run(&a),
+        Command::Compare(a) => compare(&a),
+        Command::Plot { input, output } => {
+            bench::load(&input).and_then(|doc| report::emit(&output, &report::svg::copy_plot(&doc)))
+        }
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut args::command(), "cuda-mem", &mut out);
+            report::to_stdout(&String::from_utf8_lossy(&out))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -53,9 +54,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn usage_error(msg: &str) -> ExitCode {
-    report::to_stderr(&format!(
-        "cuda-mem: {msg}\nRun 'cuda-mem --help' for usage.\n"
-    ));
-    ExitCode::from(2)
+/// `cuda-mem compare NEW BASELINE`.
+fn compare(a: &CompareArgs) -> anyhow::Result<()> {
+    let (new, old) = (bench::load(&a.new)?, bench::load(&a.baseline)?);
+    let noise = a.thresholds.noise_threshold / 100.0;
+    let changes = report::compare::compare(&new, &old, noise);
+    let text = report::compare::report(&changes, &a.baseline.display().to_string(), noise);
+    report::to_stdout(text.trim_start())?;
+    let regressed = report::compare::regressions(&changes);
+    if a.thresholds.fail_on_regression && regressed > 0 {
+        anyhow::bail!(
+            "{regressed} figure(s) regressed against the baseline (--fail-on-regression)"
+        );
+    }
+    Ok(())
 }

@@ -20,6 +20,36 @@ pub struct DeviceInfo {
     pub total_bytes: u64,
     /// The memory capabilities.
     pub caps: MemoryCapabilities,
+    /// What the newer capabilities need.
+    pub extra: DeviceExtra,
+}
+
+/// Attributes behind stream-ordered pools, bidirectional copies and the PCIe link; `None`
+/// where the runtime (or, for the link, sysfs) does not say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceExtra {
+    /// `cudaDevAttrMemoryPoolsSupported`: `cudaMallocAsync` and memory pools.
+    pub memory_pools: Option<bool>,
+    /// `cudaDevAttrHostMemoryPoolsSupported` (144, CUDA 12.6+): pools of pinned host memory.
+    pub host_memory_pools: Option<bool>,
+    /// `cudaDevAttrAsyncEngineCount`: copy engines; 2 or more can copy both ways at once.
+    pub copy_engines: Option<i32>,
+    /// The PCIe link, from `/sys/bus/pci/devices/<bus id>/` (the runtime API does not report
+    /// link speed or width).
+    pub pcie_link: Option<PcieLink>,
+}
+
+/// A PCIe link as sysfs reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PcieLink {
+    /// `current_link_speed`, e.g. `32.0 GT/s PCIe`.
+    pub speed: String,
+    /// `current_link_width`, lanes.
+    pub width: Option<u32>,
+    /// `max_link_speed`.
+    pub max_speed: Option<String>,
+    /// `max_link_width`.
+    pub max_width: Option<u32>,
 }
 
 /// Versions, formatted `major.minor`.
@@ -82,6 +112,8 @@ pub struct CopyRow {
     /// Ours / raw bandwidth, the median over the interleaved sample pairs (robust to drift):
     /// 1.0 is parity, below 1 ours is slower.
     pub ratio: f64,
+    /// Spread of ours: first and third quartile of the samples, GB/s (NaN when unknown).
+    pub spread: (f64, f64),
 }
 
 /// Bandwidth of one probe kernel over one kind of memory.
@@ -98,6 +130,8 @@ pub struct KernelRow {
     pub samples: u32,
     /// Median GB/s.
     pub gbps: f64,
+    /// First and third quartile of the samples, GB/s.
+    pub spread: (f64, f64),
 }
 
 /// Allocation + free latency of one kind and size, ours and raw.
@@ -118,6 +152,8 @@ pub struct AllocRow {
     pub ratio: f64,
     /// What ours does beyond the raw calls, if anything.
     pub note: Option<&'static str>,
+    /// First and third quartile of ours, µs.
+    pub spread: (f64, f64),
 }
 
 /// One data check made after the timed runs.
@@ -138,7 +174,7 @@ pub struct Check {
 pub struct KindError {
     /// The memory kind.
     pub kind: String,
-    /// `copies`, `kernels` or `alloc`.
+    /// `copies`, `bidirectional`, `kernels`, `alloc` or `calls`.
     pub stage: &'static str,
     /// E.g. `unsupported: device 0 does not support cudaDevAttrCanMapHostMemory`.
     pub message: String,
@@ -163,6 +199,8 @@ pub struct CallRow {
     pub raw_us: f64,
     /// Speed relative to raw: raw time / ours (1.0 = parity), interquartile mean of pairs.
     pub ratio: f64,
+    /// First and third quartile of ours, µs.
+    pub spread: (f64, f64),
 }
 
 /// Everything `bench` measured.
@@ -192,6 +230,31 @@ pub struct BenchResults {
     pub seconds: f64,
     /// Two-GPU measurements (`bench::multi`); empty on one GPU.
     pub multi: Vec<MultiRow>,
+    /// Copies both ways at once (`bench::bidir`).
+    pub bidir: Vec<BidirRow>,
+}
+
+/// Host-to-device and device-to-host copies of pinned memory at once, on two streams.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BidirRow {
+    /// Bytes per copy in each direction.
+    pub bytes: u64,
+    /// Copy pairs per timed sample.
+    pub reps: u32,
+    /// Timed samples.
+    pub samples: u32,
+    /// One way alone, same streams and method: host to device, GB/s (median).
+    pub h2d_gbps: f64,
+    /// One way alone: device to host, GB/s (median).
+    pub d2h_gbps: f64,
+    /// Both at once, through cuda-mem: bytes moved both ways / time, GB/s (median).
+    pub gbps: f64,
+    /// Both at once through raw `cudaMemcpyAsync`, GB/s (median).
+    pub raw_gbps: f64,
+    /// Ours / raw aggregate bandwidth, interquartile mean over interleaved pairs.
+    pub ratio: f64,
+    /// First and third quartile of the aggregate through cuda-mem, GB/s.
+    pub spread: (f64, f64),
 }
 
 /// One two-GPU measurement (`bench::multi`): ours against the raw runtime path.
@@ -213,7 +276,12 @@ pub struct MultiRow {
     /// Speed of ours relative to raw (raw time / our time; 1 = parity), interquartile mean
     /// of interleaved pairs.
     pub ratio: f64,
+    /// First and third quartile of ours (NaN when unknown).
+    pub spread: (f64, f64),
 }
+
+/// No spread measured.
+pub const NO_SPREAD: (f64, f64) = (f64::NAN, f64::NAN);
 
 impl BenchResults {
     /// Whether every data check passed (and at least one was made).
@@ -285,6 +353,7 @@ pub mod sample {
                         gbps,
                         raw_gbps: gbps / 0.99,
                         ratio: 0.99,
+                        spread: (gbps * 0.98, gbps * 1.01),
                     });
                 }
             }
@@ -304,6 +373,17 @@ pub mod sample {
                 free_bytes: 140 << 30,
                 total_bytes: 141 << 30,
                 caps,
+                extra: DeviceExtra {
+                    memory_pools: Some(true),
+                    host_memory_pools: Some(true),
+                    copy_engines: Some(3),
+                    pcie_link: Some(PcieLink {
+                        speed: "32.0 GT/s PCIe".into(),
+                        width: Some(16),
+                        max_speed: Some("32.0 GT/s PCIe".into()),
+                        max_width: Some(16),
+                    }),
+                },
             },
             method: Method {
                 quick: true,
@@ -322,6 +402,7 @@ pub mod sample {
                     bytes: 64 << 20,
                     samples: 5,
                     gbps: 4000.0,
+                    spread: (3990.0, 4010.0),
                 },
                 KernelRow {
                     kind: "managed_prefetched",
@@ -329,6 +410,7 @@ pub mod sample {
                     bytes: 64 << 20,
                     samples: 5,
                     gbps: 40.0,
+                    spread: NO_SPREAD,
                 },
             ],
             allocs: vec![AllocRow {
@@ -339,6 +421,7 @@ pub mod sample {
                 raw_us: 12.0,
                 ratio: 1.0417,
                 note: None,
+                spread: (12.3, 12.9),
             }],
             calls: vec![CallRow {
                 test: "loop",
@@ -348,6 +431,7 @@ pub mod sample {
                 us: 2.05,
                 raw_us: 2.0,
                 ratio: 0.9756,
+                spread: (2.04, 2.07),
             }],
             checks: vec![Check {
                 what: "pinned h2d+d2h copies".into(),
@@ -369,6 +453,18 @@ pub mod sample {
                 ours: 392.0,
                 raw: 393.0,
                 ratio: 0.9975,
+                spread: NO_SPREAD,
+            }],
+            bidir: vec![BidirRow {
+                bytes: 256 << 20,
+                reps: 2,
+                samples: 5,
+                h2d_gbps: 55.0,
+                d2h_gbps: 55.5,
+                gbps: 91.5,
+                raw_gbps: 91.9,
+                ratio: 0.9956,
+                spread: (91.0, 91.8),
             }],
         }
     }

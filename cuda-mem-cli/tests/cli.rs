@@ -53,51 +53,166 @@ fn assert_no_panic(stderr: &str) {
 #[test]
 fn usage_errors_exit_2() {
     for (args, want) in [
-        (&["--frobnicate"][..], "unknown option '--frobnicate'"),
-        (&[][..], "no command given"),
-        (
-            &["bench", "--fast"][..],
-            "unknown option '--fast' for 'bench'",
-        ),
+        (&["--frobnicate"][..], "unexpected argument '--frobnicate'"),
+        (&["frobnicate"][..], "unrecognized subcommand 'frobnicate'"),
+        (&["bench", "--fast"][..], "unexpected argument '--fast'"),
         (&["bench", "--samples", "1"][..], "3 to 1000"),
         (&["bench", "--sizes", "100"][..], "multiple of 16"),
         (
+            &["bench", "--json", "-", "--svg", "-"][..],
+            "cannot both write to stdout",
+        ),
+        (&["bench", "--fail-on-regression"][..], "needs --baseline"),
+        (
             &["info", "--verbose"][..],
-            "unknown option '--verbose' for 'info'",
+            "unexpected argument '--verbose'",
+        ),
+        (&["completions", "tcsh"][..], "invalid value 'tcsh'"),
+        (
+            &["compare", "only-one.json"][..],
+            "required arguments were not provided",
         ),
     ] {
         let out = cuda_mem(args);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
-        assert!(err.contains("cuda-mem --help"), "{args:?}: {err}");
+        assert!(err.contains("--help"), "{args:?}: {err}");
         assert!(out.stdout.is_empty());
         assert_no_panic(&err);
     }
+    // No command: the help, on stderr, exit 2.
+    let out = cuda_mem(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("Commands:"));
 }
 
 #[test]
-fn help_and_version() {
+fn help_version_and_completions() {
     let out = cuda_mem(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let help = text(&out.stdout);
     for word in [
-        "cuda-mem info",
-        "cuda-mem bench",
-        "--quick",
-        "--json",
-        "--svg",
-        "--sizes",
+        "info",
+        "bench",
+        "compare",
+        "plot",
+        "completions",
+        "--version",
     ] {
         assert!(help.contains(word), "{word} missing from help");
     }
     // `bench --help` prints help, it never starts a run.
     let out = cuda_mem(&["bench", "--quick", "--help"]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(text(&out.stdout), help);
+    let bench_help = text(&out.stdout);
+    for word in [
+        "--quick",
+        "--json",
+        "--svg",
+        "--sizes",
+        "--baseline",
+        "--fail-on-regression",
+    ] {
+        assert!(bench_help.contains(word), "{word} missing from bench help");
+    }
     let out = cuda_mem(&["--version"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).starts_with(&format!("cuda-mem {}", env!("CARGO_PKG_VERSION"))));
+    for (shell, marker) in [
+        ("bash", "_cuda-mem()"),
+        ("zsh", "#compdef cuda-mem"),
+        ("fish", "complete -c cuda-mem"),
+    ] {
+        let out = cuda_mem(&["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = text(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(script.contains("baseline"), "{shell}");
+    }
+}
+
+/// A saved run with one copy and one allocation figure, schema 2 when `q` gives spreads.
+fn saved(gbps: f64, us: f64, q: Option<(f64, f64)>) -> String {
+    let spread = |x: f64| q.map(|(a, b)| (x * a, x * b));
+    let (g1, g3) = (spread(gbps).map(|s| s.0), spread(gbps).map(|s| s.1));
+    let (u1, u3) = (spread(us).map(|s| s.0), spread(us).map(|s| s.1));
+    serde_json::json!({
+        "tool": "cuda-mem bench", "schema": 2, "version": "0.1.0",
+        "runtime": "13.0", "driver": "13.0", "built_with": "13.0",
+        "device": {"ordinal": 0, "name": "NVIDIA H200", "compute_capability": "9.0",
+            "pci_bus_id": "0000:18:00.0", "memory_free_bytes": 1, "memory_total_bytes": 2,
+            "capabilities": {"can_map_host_memory": true, "unified_addressing": true,
+                "managed_memory": true, "concurrent_managed_access": true,
+                "pageable_memory_access": false, "host_native_atomics": false}},
+        "method": {"quick": true, "warmup": 1, "samples": 5, "statistic": "median",
+            "ratio_statistic": "x", "timer": "cuda_events", "gb_bytes": 1000000000u64,
+            "stream": "legacy_default", "blocking_kernel": true, "sizes": [268435456u64],
+            "kernel_bytes": 1, "managed_bytes": 1},
+        "copies": [{"kind": "pinned", "direction": "h2d", "bytes": 268435456u64, "reps": 2,
+            "samples": 5, "gbps": gbps, "raw_gbps": 55.0, "ratio": 1.0,
+            "gbps_q1": g1, "gbps_q3": g3}],
+        "kernels": [],
+        "alloc": [{"kind": "device", "bytes": 4096, "reps": 11, "us": us, "raw_us": 60.0,
+            "ratio": 1.0, "note": null, "us_q1": u1, "us_q3": u3}],
+        "verified": {"ok": true, "passed": 0, "failed": 0, "checks": []},
+        "errors": [], "seconds": 1.0
+    })
+    .to_string()
+}
+
+/// `compare` on two saved files: a copy 10% slower beyond its spread regresses (exit 1 with
+/// --fail-on-regression), an allocation 2x faster improves; the same file is unchanged.
+#[test]
+fn compare_two_saved_runs() {
+    let dir = std::env::temp_dir().join(format!("cuda-mem-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (old, new) = (dir.join("old.json"), dir.join("new.json"));
+    std::fs::write(&old, saved(55.0, 60.0, Some((0.99, 1.01)))).unwrap();
+    std::fs::write(&new, saved(49.5, 30.0, Some((0.99, 1.01)))).unwrap();
+    let (o, n) = (old.to_str().unwrap(), new.to_str().unwrap());
+    let out = cuda_mem(&["compare", n, o]);
+    let report = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        report.contains("2 figures compared; 1 regressed, 1 improved"),
+        "{report}"
+    );
+    assert!(
+        report.contains(
+            "| REGRESSED | copies  | pinned h2d 256MiB | GB/s | 55.000   | 49.500 | -10.0% |"
+        ),
+        "{report}"
+    );
+    assert!(
+        report.contains("| improved  | alloc   | device 4KiB"),
+        "{report}"
+    );
+    let out = cuda_mem(&["compare", n, o, "--fail-on-regression"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("1 figure(s) regressed"));
+    // A 1% move beyond the spread is under the 2% noise threshold.
+    std::fs::write(&new, saved(54.45, 60.0, Some((0.999, 1.001)))).unwrap();
+    let out = cuda_mem(&["compare", n, o, "--fail-on-regression"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    // A file that is not a saved run: exit 1, one clear line.
+    std::fs::write(&new, "{\"tool\": 1}").unwrap();
+    let out = cuda_mem(&["compare", n, o]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is not the JSON of `cuda-mem bench --json`"),
+        "{err}"
+    );
+    assert_no_panic(&err);
+    // plot draws a saved run.
+    let svg = dir.join("plot.svg");
+    let out = cuda_mem(&["plot", o, "-o", svg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(&svg)
+        .unwrap()
+        .contains("pinned h2d"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// No driver: one paragraph on stderr, exit 1, no panic. With a GPU: the device and its
@@ -173,16 +288,19 @@ fn bench_quick() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     let json = text(&out.stdout);
     eprintln!("{err}");
-    assert!(json.starts_with("{\n  \"tool\": \"cuda-mem bench\""));
-    assert!(
-        json.contains("\"verified\": {\n    \"ok\": true,"),
-        "{json}"
-    );
-    assert!(json.contains("\"failed\": 0,"));
+    let v: serde_json::Value = serde_json::from_str(&json).expect("bench --json is JSON");
+    assert_eq!(v["tool"], "cuda-mem bench");
+    assert_eq!(v["schema"], 2);
+    assert_eq!(v["verified"]["ok"], true, "{json}");
+    assert_eq!(v["verified"]["failed"], 0);
     // Every kind has a row in each section, or an error entry of that stage.
-    let reported = |stage: &str, next_key: &str, kind: &str| {
-        json.contains(&format!("{{\"kind\": \"{kind}\", \"{next_key}\": "))
-            || json.contains(&format!("{{\"kind\": \"{kind}\", \"stage\": \"{stage}\""))
+    let reported = |section: &str, stage: &str, kind: &str| {
+        let rows = v[section].as_array().into_iter().flatten();
+        let errors = v["errors"].as_array().into_iter().flatten();
+        rows.into_iter().any(|r| r["kind"] == kind)
+            || errors
+                .into_iter()
+                .any(|e| e["kind"] == kind && e["stage"] == stage)
     };
     for kind in [
         "pageable",
@@ -193,13 +311,13 @@ fn bench_quick() {
         "device",
     ] {
         assert!(
-            reported("copies", "direction", kind),
+            reported("copies", "copies", kind),
             "copies: {kind} not reported"
         );
     }
     for kind in ["device", "mapped", "managed_fault", "managed_prefetched"] {
         assert!(
-            reported("kernels", "op", kind),
+            reported("kernels", "kernels", kind),
             "kernels: {kind} not reported"
         );
     }
@@ -212,10 +330,20 @@ fn bench_quick() {
         "registered",
     ] {
         assert!(
-            reported("alloc", "bytes", kind),
+            reported("alloc", "alloc", kind),
             "alloc: {kind} not reported"
         );
     }
+    // Both directions at once: the aggregate beside each way alone, spreads present.
+    let bidir = v["bidirectional"]
+        .as_array()
+        .expect("bidirectional section");
+    assert!(!bidir.is_empty() || reported("bidirectional", "bidirectional", "pinned"));
+    for b in bidir {
+        assert!(b["gbps"].as_f64().unwrap() > 0.0 && b["h2d_gbps"].as_f64().unwrap() > 0.0);
+        assert!(b["gbps_q1"].as_f64().is_some());
+    }
+    assert!(v["copies"][0]["gbps_q1"].as_f64().is_some());
     // The table went to stderr (stdout is the JSON), the files into --out-dir.
     assert!(err.contains("Copy bandwidth, GB/s"));
     for f in ["bench.txt", "bench.json", "bench.svg"] {

@@ -108,6 +108,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                     us: t.ours,
                     raw_us: t.raw,
                     ratio: t.ratio,
+                    spread: t.ours_q,
                     note: note(kind),
                 });
             }

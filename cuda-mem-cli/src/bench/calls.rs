@@ -102,6 +102,7 @@ fn row(test: &'static str, dir: &'static str, bytes: u64, calls: u32, t: Paired)
         raw_us: t.raw * 1e6,
         // Speed relative to raw: the inverse of the time ratio.
         ratio: 1.0 / t.ratio,
+        spread: (t.ours_q.0 * 1e6, t.ours_q.1 * 1e6),
     }
 }
 

@@ -96,14 +96,14 @@ pub fn pattern(i: usize, seed: u64) -> u64 {
     (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed
 }
 
-fn fill(words: &mut [u64], seed: u64) {
+pub(super) fn fill(words: &mut [u64], seed: u64) {
     for (i, w) in words.iter_mut().enumerate() {
         *w = pattern(i, seed);
     }
 }
 
 /// Compares `words` with pattern `seed`.
-fn compare(what: String, words: &[u64], seed: u64) -> Check {
+pub(super) fn compare(what: String, words: &[u64], seed: u64) -> Check {
     let bad = words
         .iter()
         .enumerate()
@@ -159,6 +159,8 @@ fn row(kind: &'static str, dir: &'static str, bytes: u64, samples: u32, t: Paire
         raw_gbps: gbps(bytes, t.raw),
         // Bandwidth ratio: the inverse of the time ratio.
         ratio: 1.0 / t.ratio,
+        // Slower samples are lower bandwidth: the time quartiles swap.
+        spread: (gbps(bytes, t.ours_q.1), gbps(bytes, t.ours_q.0)),
     }
 }
 

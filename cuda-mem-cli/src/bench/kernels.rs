@@ -10,7 +10,7 @@ use cuda_mem::{alloc_mapped, Attach, DeviceBuffer, Location, ManagedBuffer, Misu
 use cuda_mem_probes::Probes;
 
 use super::{attempt, progress, Config, Ctx};
-use crate::results::{BenchResults, Check, KernelRow};
+use crate::results::{BenchResults, Check, KernelRow, NO_SPREAD};
 use crate::units::{gbps, MIB};
 
 /// What `cm_write` leaves in `u64` word `j`: 16-byte word `i = j / 2` holds four copies of
@@ -83,6 +83,7 @@ fn row(kind: &'static str, op: &'static str, bytes: u64, samples: u32, gbps: f64
         bytes,
         samples,
         gbps,
+        spread: NO_SPREAD,
     }
 }
 

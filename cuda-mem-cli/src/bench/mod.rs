@@ -10,6 +10,7 @@
 //! path is verified after its timed runs.
 
 mod alloc;
+mod bidir;
 mod calls;
 mod copies;
 mod kernels;
@@ -26,7 +27,7 @@ use cuda_mem_probes::Probes;
 use crate::args::{BenchArgs, Output};
 use crate::diagnose::require_device;
 use crate::info;
-use crate::report::{self, json, svg, table};
+use crate::report::{self, compare, json, progress as bar, svg, table};
 use crate::results::{BenchResults, KindError, Method};
 use crate::units::{median, KIB, MIB};
 
@@ -50,7 +51,7 @@ impl Config {
     /// 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB, 5 samples, 64 MiB kernels.
     pub fn from_args(a: &BenchArgs) -> Config {
         let quick = a.quick;
-        let sizes = a.sizes.clone().unwrap_or_else(|| {
+        let sizes = a.sizes.clone().map(|s| s.0).unwrap_or_else(|| {
             if quick {
                 vec![4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB]
             } else {
@@ -219,6 +220,9 @@ pub struct Paired {
     /// Interquartile mean over the pairs of `ours[i] / raw[i]`: each pair ran back to back, so
     /// a slow stretch of the machine shifts both and cancels out.
     pub ratio: f64,
+    /// First and third quartile of ours: the run-to-run spread a baseline comparison
+    /// measures a change against.
+    pub ours_q: (f64, f64),
 }
 
 impl Paired {
@@ -229,8 +233,26 @@ impl Paired {
             ours: median(ours),
             raw: median(raw),
             ratio: interquartile_mean(&ratios),
+            ours_q: quartiles(ours),
         }
     }
+}
+
+/// The first and third quartile of `v` (linear interpolation between order statistics, as
+/// numpy's default); NaN when `v` holds no finite value.
+pub fn quartiles(v: &[f64]) -> (f64, f64) {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if s.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    s.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| {
+        let x = p * (s.len() - 1) as f64;
+        let (i, f) = (x.floor() as usize, x.fract());
+        let next = s[(i + 1).min(s.len() - 1)];
+        s[i] + (next - s[i]) * f
+    };
+    (at(0.25), at(0.75))
 }
 
 /// The mean of the middle half of `v` (sorted): as robust to outliers as the median, and with
@@ -281,13 +303,23 @@ pub fn attempt<T>(
     }
 }
 
-/// One line of progress on stderr.
+/// Progress on stderr: a line indented by two spaces is a result, kept above the bar on a
+/// terminal; any other line starts the next step of the current stage.
 pub fn progress(line: &str) {
-    report::to_stderr(&format!("cuda-mem bench: {line}\n"));
+    if line.starts_with("  ") {
+        bar::note(line);
+    } else {
+        bar::step(line);
+    }
 }
 
 /// Runs `bench` and writes its outputs; fails when a data check failed.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    // A baseline that cannot be read fails now, not after the run.
+    let baseline = match &args.baseline {
+        Some(p) => Some((p.display().to_string(), load(p)?)),
+        None => None,
+    };
     require_device()?;
     let cfg = Config::from_args(args);
     let t0 = Instant::now();
@@ -329,17 +361,29 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         errors: Vec::new(),
         seconds: 0.0,
         multi: Vec::new(),
+        bidir: Vec::new(),
     };
+    bar::stage("copies", 6);
     copies::run(&ctx, &cfg, &mut res)?;
+    let plan = bidir::sizes(&cfg);
+    bar::stage("both ways", plan.len() as u64);
+    let r = bidir::run(&ctx, &cfg, &plan, &mut res);
+    attempt(&mut res, &["pinned"], "bidirectional", r)?;
+    bar::stage("kernels", 4);
     kernels::run(&ctx, &cfg, &mut res)?;
+    bar::stage("alloc", cfg.alloc_plan.len() as u64);
     alloc::run(&ctx, &cfg, &mut res)?;
+    bar::stage("pools", cfg.alloc_plan.len() as u64 + 1);
     pools::run(&ctx, &cfg, &mut res)?;
+    bar::stage("calls", 6);
     let r = calls::run(&ctx, &cfg, &mut res);
     attempt(&mut res, &["calls"], "calls", r)?;
+    bar::stage("two GPUs", 1);
     multi::run(&cfg, &mut res)?;
+    bar::done();
     res.seconds = t0.elapsed().as_secs_f64();
     progress(&format!("done in {:.1} s", res.seconds));
-    write_outputs(args, &res)?;
+    let regressed = write_outputs(args, &res, baseline.as_ref())?;
     if !res.all_verified() {
         anyhow::bail!(
             "data verification failed: {}",
@@ -351,13 +395,44 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .join("; ")
         );
     }
+    if args.thresholds.fail_on_regression && regressed > 0 {
+        anyhow::bail!(
+            "{regressed} figure(s) regressed against the baseline (--fail-on-regression)"
+        );
+    }
     Ok(())
 }
 
-fn write_outputs(args: &BenchArgs, res: &BenchResults) -> anyhow::Result<()> {
-    let text = table::bench_table(res);
-    let json_text = json::bench_json(res).render();
-    let svg_text = svg::copy_plot(res);
+/// Reads a saved `bench --json` file.
+pub fn load(p: &std::path::Path) -> anyhow::Result<json::BenchJson> {
+    let text = std::fs::read_to_string(p)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+    json::BenchJson::parse(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not the JSON of `cuda-mem bench --json`: {e}",
+            p.display()
+        )
+    })
+}
+
+/// Writes the table, JSON and SVG where asked, with the comparison against `baseline` after
+/// the table; returns the number of regressions.
+fn write_outputs(
+    args: &BenchArgs,
+    res: &BenchResults,
+    baseline: Option<&(String, json::BenchJson)>,
+) -> anyhow::Result<usize> {
+    let mut text = table::bench_table(res);
+    let doc = json::bench_json(res);
+    let json_text = doc.render();
+    let svg_text = svg::copy_plot(&doc);
+    let mut regressed = 0;
+    if let Some((name, old)) = baseline {
+        let noise = args.thresholds.noise_threshold / 100.0;
+        let changes = compare::compare(&doc, old, noise);
+        regressed = compare::regressions(&changes);
+        text.push_str(&compare::report(&changes, name, noise));
+    }
     if let Some(dir) = &args.out_dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
@@ -377,10 +452,10 @@ fn write_outputs(args: &BenchArgs, res: &BenchResults) -> anyhow::Result<()> {
     }
     if args.json == Some(Output::Stdout) || args.svg == Some(Output::Stdout) {
         report::to_stderr(&text);
-        Ok(())
     } else {
-        report::to_stdout(&text)
+        report::to_stdout(&text)?;
     }
+    Ok(regressed)
 }
 
 #[cfg(test)]
@@ -414,6 +489,15 @@ mod tests {
         assert_eq!(p.raw, 2.0);
         assert!((p.ratio - 1.01).abs() < 1e-12);
         assert!((p.ours - 2.02).abs() < 1e-12);
+        assert!((p.ours_q.0 - 1.01).abs() < 1e-12 && (p.ours_q.1 - 2.02).abs() < 1e-12);
+    }
+
+    #[test]
+    fn quartiles_interpolate() {
+        assert_eq!(quartiles(&[1.0, 2.0, 3.0, 4.0, 5.0]), (2.0, 4.0));
+        assert_eq!(quartiles(&[4.0, 1.0, 3.0, 2.0]), (1.75, 3.25));
+        assert_eq!(quartiles(&[7.0]), (7.0, 7.0));
+        assert!(quartiles(&[f64::NAN]).0.is_nan());
     }
 
     #[test]

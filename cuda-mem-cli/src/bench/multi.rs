@@ -27,7 +27,7 @@ use cuda_mem::{
 use cuda_mem_nccl::{bus_bandwidth, Collective, Comm, Group, ReduceOp};
 
 use super::{interquartile_mean, progress, raw, Config};
-use crate::results::{BenchResults, Check, MultiRow};
+use crate::results::{BenchResults, Check, MultiRow, NO_SPREAD};
 use crate::units::median;
 
 const SAMPLES: usize = 11;
@@ -192,6 +192,7 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
                 ours: gbps(bytes, o),
                 raw: gbps(bytes, r),
                 ratio,
+                spread: NO_SPREAD,
             });
             progress(&format!(
                 "  {test} {dir}: {:.1} GB/s, raw cudaMemcpyPeerAsync {:.1} GB/s (ratio {ratio:.3})",
@@ -232,6 +233,10 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
                     ours: median(&o) * 1e6,
                     raw: median(&r) * 1e6,
                     ratio: interquartile_mean(&q),
+                    spread: {
+                        let (q1, q3) = super::quartiles(&o);
+                        (q1 * 1e6, q3 * 1e6)
+                    },
                 };
                 progress(&format!(
                     "  peer_latency {dir}: {:.2} us, raw {:.2} us",
@@ -302,6 +307,7 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
             ours: gbps(bytes, o),
             raw: gbps(bytes, r),
             ratio,
+            spread: NO_SPREAD,
         };
         progress(&format!(
             "  staged {dir}: {:.1} GB/s pipelined ({} x {} MiB), two serial copies {:.1} GB/s \
@@ -406,6 +412,7 @@ fn nccl_all_reduce(
         ours: busbw,
         raw: f64::NAN,
         ratio: f64::NAN,
+        spread: NO_SPREAD,
     });
     Ok(())
 }

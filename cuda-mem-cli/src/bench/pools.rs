@@ -177,6 +177,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                     us: t.ours,
                     raw_us: t.raw,
                     ratio: t.ratio,
+                    spread: t.ours_q,
                     note: Some(note),
                 });
             }
@@ -250,6 +251,7 @@ fn host_pool_copies(
                 gbps: gbps(bytes, t.ours),
                 raw_gbps: gbps(bytes, t.raw),
                 ratio: 1.0 / t.ratio,
+                spread: (gbps(bytes, t.ours_q.1), gbps(bytes, t.ours_q.0)),
             });
         }
     }

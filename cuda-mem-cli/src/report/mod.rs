@@ -1,7 +1,10 @@
-//! Writers over the plain results of `results`: text tables, JSON, SVG. Pure functions, tested
-//! on fixed sample data.
+//! Writers over the plain results of `results`: text tables, JSON, SVG, the comparison with a
+//! baseline, and progress on stderr. Pure functions (but progress), tested on fixed sample
+//! data.
 
+pub mod compare;
 pub mod json;
+pub mod progress;
 pub mod svg;
 pub mod table;
 

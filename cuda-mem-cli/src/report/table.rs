@@ -1,39 +1,51 @@
 //! The text writers: the `info` listing and the `bench` tables (one row per memory kind).
 
+use comfy_table::{presets, ContentArrangement, Table};
+
 use crate::results::{BenchResults, InfoReport, ALLOC_KINDS, COPY_KINDS, KERNEL_KINDS};
 use crate::units::{fmt_size, GIB, KIB, MIB};
 
 /// Sizes always shown in the copy table when measured (besides the smallest and largest).
 const KEY_SIZES: [u64; 4] = [4 * KIB, MIB, 16 * MIB, 256 * MIB];
 
-/// Left-aligned columns separated by two spaces, trailing spaces trimmed. The last cell of a
-/// short row (an error message) spans the remaining columns and does not widen them.
+/// A table in Markdown's shape (readable as text, and pastes into an issue or a README):
+/// the first row is the header. A short row (a kind with an error message) is padded with
+/// empty cells.
 fn grid(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter(|r| r.len() == cols || c + 1 < r.len())
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let mut line = String::new();
-        for (c, cell) in r.iter().enumerate() {
-            line.push_str(cell);
-            if c + 1 < r.len() {
-                let pad = widths[c] - cell.chars().count() + 2;
-                line.push_str(&" ".repeat(pad));
-            }
+    let mut t = Table::new();
+    t.load_preset(presets::ASCII_MARKDOWN)
+        .set_content_arrangement(ContentArrangement::Disabled);
+    let pad = |r: &Vec<String>| {
+        let mut r = r.clone();
+        r.resize(cols, String::new());
+        r
+    };
+    if let Some((head, body)) = rows.split_first() {
+        t.set_header(pad(head));
+        for r in body {
+            t.add_row(pad(r));
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
     }
+    let mut out: String = t
+        .lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    out.push('\n');
     out
+}
+
+/// Two columns without a header: `key  value` lines, indented by two spaces.
+fn pairs(rows: &[(&str, String)]) -> String {
+    let w = rows
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    rows.iter()
+        .map(|(k, v)| format!("  {k:<w$}  {v}\n"))
+        .collect()
 }
 
 fn yes_no(b: bool) -> &'static str {
@@ -74,7 +86,9 @@ pub fn info_text(r: &InfoReport) -> String {
     for d in &r.devices {
         let c = &d.caps;
         out.push_str(&format!("\nDevice {}: {}\n", d.ordinal, d.name));
-        let rows: Vec<Vec<String>> = [
+        let e = &d.extra;
+        let opt_yes_no = |b: Option<bool>| b.map_or("unknown", yes_no).to_string();
+        let rows: Vec<(&str, String)> = vec![
             (
                 "compute capability",
                 format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
@@ -100,11 +114,39 @@ pub fn info_text(r: &InfoReport) -> String {
                 yes_no(c.pageable_memory_access).into(),
             ),
             ("host native atomics", yes_no(c.host_native_atomics).into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| vec![format!("  {k}"), v])
-        .collect();
-        out.push_str(&grid(&rows));
+            ("memory pools", opt_yes_no(e.memory_pools)),
+            ("host memory pools", opt_yes_no(e.host_memory_pools)),
+            (
+                "copy engines",
+                e.copy_engines.map_or("unknown".into(), |n| {
+                    format!(
+                        "{n}{}",
+                        if n >= 2 {
+                            " (copies both ways at once)"
+                        } else {
+                            ""
+                        }
+                    )
+                }),
+            ),
+            (
+                "PCIe link",
+                e.pcie_link.as_ref().map_or(
+                    "not reported (the CUDA runtime does not give link speed or width; \
+                     no sysfs entry)"
+                        .into(),
+                    |l| {
+                        let lanes = |w: Option<u32>| w.map_or(String::new(), |w| format!(" x{w}"));
+                        let mut s = format!("{}{}", l.speed, lanes(l.width));
+                        if let Some(m) = &l.max_speed {
+                            s.push_str(&format!(" (max {m}{})", lanes(l.max_width)));
+                        }
+                        s
+                    },
+                ),
+            ),
+        ];
+        out.push_str(&pairs(&rows));
     }
     out
 }
@@ -167,8 +209,9 @@ pub fn bench_table(r: &BenchResults) -> String {
         h
     }];
     for kind in COPY_KINDS {
-        if let Some(e) = errors_of(r, kind, "copies") {
-            rows.push(vec![kind.into(), "-".into(), e.into()]);
+        if errors_of(r, kind, "copies").is_some() {
+            // The reason is listed under "Not measured", where it widens no column.
+            rows.push(vec![kind.into(), "-".into(), "not measured".into()]);
             continue;
         }
         for dir in ["h2d", "d2h", "d2d"] {
@@ -193,6 +236,33 @@ pub fn bench_table(r: &BenchResults) -> String {
     }
     out.push_str(&grid(&rows));
 
+    // Both directions at once.
+    if !r.bidir.is_empty() {
+        out.push_str(
+            "\nBoth directions at once: pinned h2d and d2h on two streams, GB/s (one way alone \
+             on the same streams; aggregate = bytes both ways / time)\n",
+        );
+        let mut rows = vec![vec![
+            "size".to_string(),
+            "h2d alone".into(),
+            "d2h alone".into(),
+            "aggregate".into(),
+            "raw aggregate".into(),
+            "ratio".into(),
+        ]];
+        for b in &r.bidir {
+            rows.push(vec![
+                fmt_size(b.bytes),
+                fmt_gbps(b.h2d_gbps),
+                fmt_gbps(b.d2h_gbps),
+                fmt_gbps(b.gbps),
+                fmt_gbps(b.raw_gbps),
+                format!("{:.3}", b.ratio),
+            ]);
+        }
+        out.push_str(&grid(&rows));
+    }
+
     // Kernels: one row per kind, one column per operation.
     out.push_str(&format!(
         "\nKernel bandwidth, GB/s ({} per kernel; managed: {})\n",
@@ -207,8 +277,8 @@ pub fn bench_table(r: &BenchResults) -> String {
         "prefetch".into(),
     ]];
     for kind in KERNEL_KINDS {
-        if let Some(e) = errors_of(r, kind, "kernels") {
-            rows.push(vec![kind.into(), e.into()]);
+        if errors_of(r, kind, "kernels").is_some() {
+            rows.push(vec![kind.into(), "not measured".into()]);
             continue;
         }
         let mut row = vec![kind.to_string()];
@@ -359,20 +429,23 @@ mod tests {
         let t = bench_table(&sample::results());
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("cuda-mem bench 0.1.0: NVIDIA H200 (compute 9.0"));
-        let header = lines.iter().position(|l| l.starts_with("kind  ")).unwrap();
+        let header = lines.iter().position(|l| l.starts_with("| kind ")).unwrap();
         assert_eq!(
             lines[header],
-            "kind      dir  4KiB          1MiB          64MiB"
+            "| kind     | dir | 4KiB         | 1MiB         | 64MiB        |"
         );
         assert_eq!(
-            lines[header + 1],
-            "pageable  h2d  6.67 (0.990)  13.3 (0.990)  20.0 (0.990)"
+            lines[header + 2],
+            "| pageable | h2d | 6.67 (0.990) | 13.3 (0.990) | 20.0 (0.990) |"
         );
-        assert!(t.contains("device    d2d  600 (0.990)   1200 (0.990)  1800 (0.990)"));
-        assert!(t.contains("mapped    -    unsupported: device 0 does not support \"mapping\""));
-        assert!(t.contains("device              4000  -      -"));
-        assert!(t.contains("managed_prefetched  -     -      40.0"));
-        assert!(t.contains("pinned  12.5 (1.04)"));
+        assert!(t.contains("| device   | d2d | 600 (0.990)  | 1200 (0.990) | 1800 (0.990) |"));
+        assert!(t.contains("| mapped   | -   | not measured |              |              |"));
+        assert!(t.contains("| device             | 4000 | -     | -        |"));
+        assert!(t.contains("| managed_prefetched | -    | -     | 40.0     |"));
+        assert!(t.contains("| pinned | 12.5 (1.04) |"));
+        assert!(
+            t.contains("| 256MiB | 55.0      | 55.5      | 91.5      | 91.9          | 0.996 |")
+        );
         assert!(t.contains("Verified: 1/1 data checks passed\n"));
         assert!(t.contains("  mapped (copies): unsupported"));
         // No line ends in spaces.
@@ -412,5 +485,10 @@ mod tests {
         assert!(t.contains("  memory                     140.0 GiB free of 141.0 GiB\n"));
         assert!(t.contains("  concurrent managed access  yes\n"));
         assert!(t.contains("  host native atomics        no\n"));
+        assert!(t.contains("  host memory pools          yes\n"));
+        assert!(t.contains("  copy engines               3 (copies both ways at once)\n"));
+        assert!(t.contains(
+            "  PCIe link                  32.0 GT/s PCIe x16 (max 32.0 GT/s PCIe x16)\n"
+        ));
     }
 }
