@@ -7,6 +7,25 @@ use std::os::raw::c_int;
 use cuda_mem_sys as sys;
 
 use crate::error::{check, check_call, Misuse, Result};
+use crate::flags::flag_set;
+
+flag_set! {
+    /// Flags of `cudaSetDeviceFlags`, OR-able with `|` (at most one `SCHEDULE_*`).
+    DeviceFlags {
+        /// `cudaDeviceScheduleAuto`: the runtime picks how the host waits.
+        DEFAULT = sys::cudaDeviceScheduleAuto;
+        /// `cudaDeviceScheduleSpin`: spin while waiting (lowest latency, one busy core).
+        SCHEDULE_SPIN = sys::cudaDeviceScheduleSpin;
+        /// `cudaDeviceScheduleYield`: yield the thread while waiting.
+        SCHEDULE_YIELD = sys::cudaDeviceScheduleYield;
+        /// `cudaDeviceScheduleBlockingSync`: block on a synchronization primitive.
+        SCHEDULE_BLOCKING_SYNC = sys::cudaDeviceScheduleBlockingSync;
+        /// `cudaDeviceMapHost`: allow mapped pinned memory (always on under UVA).
+        MAP_HOST = sys::cudaDeviceMapHost;
+        /// `cudaDeviceLmemResizeToMax`: keep local memory at its high-water mark.
+        LMEM_RESIZE_TO_MAX = sys::cudaDeviceLmemResizeToMax;
+    }
+}
 
 /// The CUDA runtime version, e.g. `13000` for 13.0 (`cudaRuntimeGetVersion`).
 pub fn runtime_version() -> Result<i32> {
@@ -115,6 +134,37 @@ impl Device {
         check(unsafe { sys::cudaSetDevice(self.ordinal) }, || {
             format!("cudaSetDevice({})", self.ordinal)
         })
+    }
+
+    /// Sets the calling thread's flags for this device (`cudaSetDeviceFlags`, with this device
+    /// made current for the call): how the host waits for it, and what its context allows.
+    /// Unknown bits, or two `SCHEDULE_*` flags at once, are [`Misuse::InvalidFlags`].
+    pub fn set_flags(self, flags: DeviceFlags) -> Result<()> {
+        let schedule = flags.bits() & sys::cudaDeviceScheduleMask;
+        if DeviceFlags::from_bits(flags.bits()).is_none() || schedule.count_ones() > 1 {
+            return Err(Misuse::InvalidFlags {
+                op: "cudaSetDeviceFlags",
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        let _g = self.guard()?;
+        // SAFETY: plain value argument of known bits.
+        let code = unsafe { sys::cudaSetDeviceFlags(flags.bits()) };
+        check(code, || {
+            format!("cudaSetDeviceFlags({flags}) on device {}", self.ordinal)
+        })
+    }
+
+    /// The flags of this device's context as the runtime reports them (`cudaGetDeviceFlags`,
+    /// raw bits: the runtime may add bits this crate does not name).
+    pub fn flags(self) -> Result<u32> {
+        let _g = self.guard()?;
+        let mut f = 0u32;
+        // SAFETY: valid out-pointer.
+        let code = unsafe { sys::cudaGetDeviceFlags(&mut f) };
+        check_call(code, "cudaGetDeviceFlags")?;
+        Ok(f)
     }
 
     /// Makes this device current until the guard drops, then restores the previous one.

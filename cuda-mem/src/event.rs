@@ -6,6 +6,21 @@ use cuda_mem_sys as sys;
 
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
+use crate::flags::flag_set;
+
+flag_set! {
+    /// Flags of `cudaEventCreateWithFlags`, OR-able with `|`.
+    EventFlags {
+        /// `cudaEventDefault`: records timing, the host spins while waiting.
+        DEFAULT = sys::cudaEventDefault;
+        /// `cudaEventBlockingSync`: the host blocks (rather than spins) in `synchronize`.
+        BLOCKING_SYNC = sys::cudaEventBlockingSync;
+        /// `cudaEventDisableTiming`: no timing, the cheapest event for waiting.
+        DISABLE_TIMING = sys::cudaEventDisableTiming;
+        /// `cudaEventInterprocess`: shareable with other processes (needs DISABLE_TIMING).
+        INTERPROCESS = sys::cudaEventInterprocess;
+    }
+}
 use crate::stream::{Stream, StreamInner};
 
 /// A CUDA event on one device, destroyed on drop.
@@ -29,16 +44,29 @@ impl Event {
     /// An event on the current device that records timing (`cudaEventDefault`), for
     /// [`Event::elapsed_ms`].
     pub fn timing() -> Result<Self> {
-        Self::with_flags(sys::cudaEventDefault, "cudaEventCreate(DEFAULT)")
+        Self::create(sys::cudaEventDefault, "cudaEventCreate(DEFAULT)")
     }
 
     /// An event on the current device without timing (`cudaEventDisableTiming`): the
     /// cheapest kind, for waiting.
     pub fn new() -> Result<Self> {
-        Self::with_flags(
+        Self::create(
             sys::cudaEventDisableTiming,
             "cudaEventCreate(DISABLE_TIMING)",
         )
+    }
+
+    /// An event on the current device with `flags` (`cudaEventCreateWithFlags`). Unknown bits
+    /// are [`Misuse::InvalidFlags`].
+    pub fn with_flags(flags: EventFlags) -> Result<Self> {
+        if EventFlags::from_bits(flags.bits()).is_none() {
+            return Err(Misuse::InvalidFlags {
+                op: "cudaEventCreateWithFlags",
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        Self::create(flags.bits(), "cudaEventCreateWithFlags")
     }
 
     /// A waiting event ([`Event::new`]) on `device`.
@@ -47,7 +75,7 @@ impl Event {
         Self::new()
     }
 
-    fn with_flags(flags: u32, call: &'static str) -> Result<Self> {
+    fn create(flags: u32, call: &'static str) -> Result<Self> {
         let device = current_ordinal();
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer and flags are documented values.

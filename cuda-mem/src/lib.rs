@@ -67,11 +67,11 @@ pub use copy::{
 };
 pub use device::DeviceBuffer;
 pub use devices::{
-    driver_version, format_version, runtime_version, Device, DeviceGuard, MemoryCapabilities,
-    BUILT_CUDART_VERSION,
+    driver_version, format_version, runtime_version, Device, DeviceFlags, DeviceGuard,
+    MemoryCapabilities, BUILT_CUDART_VERSION,
 };
 pub use error::{Error, ErrorCode, Misuse, Result};
-pub use event::Event;
+pub use event::{Event, EventFlags};
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
 pub use mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
 pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};

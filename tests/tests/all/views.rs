@@ -329,3 +329,32 @@ fn one_generic_kernel_launcher_serves_every_kind_and_view() {
         "ordered after the copy"
     );
 }
+
+/// Device and event flags (`cudaSetDeviceFlags`, `cudaEventCreateWithFlags`).
+#[test]
+fn device_and_event_flags() {
+    let dev = gpu_or_skip!();
+    use cuda_mem::{DeviceFlags, Event, EventFlags};
+    dev.set_flags(DeviceFlags::SCHEDULE_BLOCKING_SYNC | DeviceFlags::MAP_HOST)
+        .unwrap();
+    let f = dev.flags().unwrap();
+    assert_eq!(
+        f & sys::cudaDeviceScheduleMask,
+        sys::cudaDeviceScheduleBlockingSync
+    );
+    dev.set_flags(DeviceFlags::DEFAULT).unwrap();
+    let e = dev
+        .set_flags(DeviceFlags::SCHEDULE_SPIN | DeviceFlags::SCHEDULE_YIELD)
+        .unwrap_err();
+    assert!(matches!(e.misuse(), Some(Misuse::InvalidFlags { .. })));
+    let s = Stream::new().unwrap();
+    let ev = Event::with_flags(EventFlags::BLOCKING_SYNC | EventFlags::DISABLE_TIMING).unwrap();
+    ev.record(&s).unwrap();
+    ev.synchronize().unwrap();
+    assert!(ev.is_complete().unwrap());
+    // No timing on such an event: the runtime says so.
+    let t = Event::timing().unwrap();
+    t.record(&s).unwrap();
+    s.synchronize().unwrap();
+    assert!(Event::elapsed_ms(&t, &ev).is_err());
+}
