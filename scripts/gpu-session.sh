@@ -12,7 +12,20 @@
 #                                  # run; ends with one TARGET line per goal of issue 14
 #
 # The C++ reference is read from bundle/refbench/ (copy ../shared/refbench there first).
+#
+# NVLink multicast stays off for every NCCL user of every mode (PyTorch's and ours; the tests
+# bundles run the multi_gpu NCCL tests too): NCCL_NVLS_ENABLE=0 is exported here, before any
+# process starts (cuda-mem-nccl refuses to load without it and never sets it itself). A value
+# other than 0 from the caller is refused, not overwritten.
+#
+# Exit status: nonzero when a bundle's runner (tests), or the multi_gpu tests or the bench
+# (multi), failed.
 set -u
+if [ "${NCCL_NVLS_ENABLE-0}" != 0 ]; then
+  echo "gpu-session.sh: NCCL_NVLS_ENABLE='$NCCL_NVLS_ENABLE': NVLink multicast must stay off on this machine (unset it or set 0)" >&2
+  exit 2
+fi
+export NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
 export CUDA_MEM_LOG_DIR="$out/logs"
 nvidia-smi --query-gpu=name,driver_version,pci.bus_id,memory.used,memory.total --format=csv
@@ -42,13 +55,12 @@ bench)
   timeout 300 "$main/run.sh" --memcheck 2>&1 | tee "$out/memcheck.txt" | tail -n 30
   ;;
 multi)
-  # NVLink multicast stays off for every NCCL user here (PyTorch's and ours).
-  export NCCL_NVLS_ENABLE=0
   b=bundle/cuda-13.0; ref=bundle/refbench
   nvidia-smi topo -m | tee "$out/topo.txt"
   echo "== multi_gpu tests (one process, then two processes for NCCL)"
   CUDA_MEM_REQUIRE_GPU=1 timeout 500 "$b/tests/tests-all" multi_gpu --test-threads=1 \
-    --nocapture >"$out/multi-tests.txt" 2>&1; echo "multi_gpu tests rc=$?"
+    --nocapture >"$out/multi-tests.txt" 2>&1
+  rc=$?; echo "multi_gpu tests rc=$rc"; [ "$rc" = 0 ] || status=1
   grep -E '^(test |SKIP|nccl rank|multi_gpu:|test result|thread .* panicked)' "$out/multi-tests.txt"
   echo "== C++ reference: peer.cu"
   nvcc -O2 -arch=sm_90 -o /tmp/peer "$ref/peer.cu" && /tmp/peer 256 | tee "$out/peer.txt"
@@ -56,7 +68,8 @@ multi)
   timeout 300 python3 "$ref/nccl_peer.py" 256 2>&1 | tail -n 5 | tee "$out/nccl_peer.txt"
   echo "== cuda-mem bench --quick (two-GPU section at 256 MiB)"
   timeout 500 "$b/bin/cuda-mem" bench --quick --samples 3 --json "$out/bench.json" \
-    2>"$out/logs/bench-progress.txt" >"$out/bench.txt"; echo "bench rc=$?"
+    2>"$out/logs/bench-progress.txt" >"$out/bench.txt"
+  rc=$?; echo "bench rc=$rc"; [ "$rc" = 0 ] || status=1
   grep -E 'two GPUs|peer_|staged|nccl' "$out/logs/bench-progress.txt"
   sed -n '/^Two GPUs/,/^$/p' "$out/bench.txt"
   grep -E '^Verified' "$out/bench.txt"

@@ -16,17 +16,25 @@
 //! Buffers take part through cuda-mem's device-pointer guards: a collective on a stream is
 //! ordered after conflicting pending work on its buffers from other streams, and recorded on
 //! them, so host access and drops wait for it. In a [`Group`] the guards are held until
-//! `ncclGroupEnd`, when NCCL actually queues the work.
+//! `ncclGroupEnd`, when NCCL actually queues the work. For that reason one thread has at most
+//! one open [`Group`], and the direct collectives ([`Comm::all_reduce`] and the others) are
+//! refused while it is open: NCCL would only queue them at `ncclGroupEnd`, after their buffers'
+//! borrows had ended (and the buffers perhaps been freed).
 //!
-//! NVLink multicast (NVLS) stays off: [`nccl`] sets `NCCL_NVLS_ENABLE=0` in the process
-//! environment when it is unset, and refuses to load when it is set to anything else, so NCCL
-//! never creates multicast objects (`cuMulticastCreate`).
+//! NVLink multicast (NVLS) stays off: [`nccl`] refuses to load unless the launcher exported
+//! `NCCL_NVLS_ENABLE=0`, so NCCL never creates multicast objects (`cuMulticastCreate`). This
+//! crate never sets the variable itself: changing the environment of a running process races
+//! with C code (NCCL's, CUDA's) reading it on other threads.
 #![warn(missing_docs)]
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fmt;
+use std::io::Write as _;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -50,8 +58,12 @@ pub enum Error {
     },
     /// A cuda-mem call failed.
     Cuda(cuda_mem::Error),
-    /// Misuse NCCL never saw: mismatched devices or lengths, a bad rank, a bad id file.
+    /// Misuse NCCL never saw: mismatched devices or lengths, a bad rank, a bad id file, a
+    /// direct collective while a [`Group`] is open on the thread.
     Misuse(String),
+    /// The loaded NCCL lacks an optional feature: [`Comm::register`] on NCCL older than 2.19
+    /// (no `ncclCommRegister`). Nothing was done; the caller may go on without the feature.
+    Unsupported(String),
 }
 
 impl fmt::Display for Error {
@@ -65,6 +77,7 @@ impl fmt::Display for Error {
             } => write!(f, "{call} failed: ncclResult {code}: {message}"),
             Error::Cuda(e) => e.fmt(f),
             Error::Misuse(why) => f.write_str(why),
+            Error::Unsupported(why) => write!(f, "not supported: {why}"),
         }
     }
 }
@@ -98,7 +111,8 @@ struct Fns {
     comm_init_all: unsafe extern "C" fn(*mut Comm_, c_int, *const c_int) -> Res,
     comm_destroy: unsafe extern "C" fn(Comm_) -> Res,
     get_error_string: unsafe extern "C" fn(Res) -> *const c_char,
-    get_last_error: unsafe extern "C" fn(Comm_) -> *const c_char,
+    /// NCCL 2.13 and newer.
+    get_last_error: Option<unsafe extern "C" fn(Comm_) -> *const c_char>,
     all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -146,12 +160,17 @@ impl fmt::Debug for Nccl {
 /// development link name.
 pub const LIBRARY_NAMES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
 
+/// The environment variable that must be `0` ([`nccl`]).
+pub const NVLS_VARIABLE: &str = "NCCL_NVLS_ENABLE";
+
 /// Loads `libnccl` once per process and returns it, or why it could not be loaded.
 ///
-/// Before loading, `NCCL_NVLS_ENABLE` is set to `0` in the process environment when unset
-/// (NCCL reads it at communicator creation); any other value is refused. Call this early,
-/// before other threads start (setting an environment variable races with threads reading
-/// it); the collectives call it themselves.
+/// Refuses (an [`Error::Load`] naming the variable) unless `NCCL_NVLS_ENABLE` is exactly `0`
+/// in the environment, set by whoever launched the process (`NCCL_NVLS_ENABLE=0 my-job`):
+/// NVLink multicast must stay off on the shared machines this crate runs on, and NCCL reads
+/// the variable at communicator creation. The variable is never set here: changing the
+/// environment of a running process races with C code reading it on other threads. The answer
+/// is kept for the life of the process. The collectives call this themselves.
 pub fn nccl() -> Result<&'static Nccl> {
     static NCCL: OnceLock<Result<Nccl, String>> = OnceLock::new();
     NCCL.get_or_init(load)
@@ -159,16 +178,22 @@ pub fn nccl() -> Result<&'static Nccl> {
         .map_err(|e| Error::Load(e.clone()))
 }
 
+/// Why NCCL must not be loaded with `NCCL_NVLS_ENABLE` at `value`, if it must not.
+fn nvls_refusal(value: Option<&std::ffi::OsStr>) -> Option<String> {
+    const WHY: &str = "NVLink multicast must stay off on this shared machine, and cuda-mem-nccl \
+                       never changes the environment of a running process (that races with \
+                       C code reading it); export NCCL_NVLS_ENABLE=0 before starting the process";
+    match value.map(|v| v.to_str()) {
+        None => Some(format!("{NVLS_VARIABLE} is not set: {WHY}")),
+        Some(Some("0")) => None,
+        Some(Some(v)) => Some(format!("{NVLS_VARIABLE}={v:?}: {WHY}")),
+        Some(None) => Some(format!("{NVLS_VARIABLE} is not UTF-8: {WHY}")),
+    }
+}
+
 fn load() -> Result<Nccl, String> {
-    match std::env::var("NCCL_NVLS_ENABLE") {
-        Err(_) => std::env::set_var("NCCL_NVLS_ENABLE", "0"),
-        Ok(v) if v.trim() == "0" => {}
-        Ok(v) => {
-            return Err(format!(
-                "NCCL_NVLS_ENABLE={v}: NVLink multicast must stay off (cuda-mem-nccl needs \
-                 NCCL_NVLS_ENABLE=0 or unset)"
-            ))
-        }
+    if let Some(why) = nvls_refusal(std::env::var_os(NVLS_VARIABLE).as_deref()) {
+        return Err(why);
     }
     let mut names: Vec<String> = Vec::new();
     if let Ok(p) = std::env::var("CUDA_MEM_NCCL_LIBRARY") {
@@ -216,7 +241,7 @@ fn resolve(lib: libloading::Library, path: String) -> Result<Nccl, String> {
         comm_init_all: sym!("ncclCommInitAll"),
         comm_destroy: sym!("ncclCommDestroy"),
         get_error_string: sym!("ncclGetErrorString"),
-        get_last_error: sym!("ncclGetLastError"),
+        get_last_error: opt_sym!("ncclGetLastError"),
         all_reduce: sym!("ncclAllReduce"),
         broadcast: sym!("ncclBroadcast"),
         all_gather: sym!("ncclAllGather"),
@@ -269,9 +294,12 @@ impl Nccl {
         let text = unsafe { CStr::from_ptr((self.fns.get_error_string)(code)) }
             .to_string_lossy()
             .into_owned();
-        // SAFETY: accepts a null communicator (the last error of the process); returns a
-        // NUL-terminated string owned by NCCL.
-        let last = unsafe { (self.fns.get_last_error)(comm) };
+        let last = match self.fns.get_last_error {
+            // SAFETY: accepts a null communicator (the last error of the process); returns a
+            // NUL-terminated string owned by NCCL.
+            Some(get_last_error) => unsafe { get_last_error(comm) },
+            None => std::ptr::null(),
+        };
         let last = if last.is_null() {
             String::new()
         } else {
@@ -349,29 +377,68 @@ impl UniqueId {
         })
     }
 
-    /// Writes the id to `path` atomically (a temporary file renamed into place), so that a
-    /// reader polling for the file never sees part of it.
+    /// Writes the id to `path` atomically, so that a reader polling for the file never sees
+    /// part of it: the bytes go to a new temporary file of a unique name in the same directory
+    /// (`.<name>.<pid>.<nonce>.tmp`, created exclusively), which is then renamed onto `path`.
+    ///
+    /// The file is the whole handshake, so a file left by an earlier job would be read as
+    /// this job's id by [`read_file`](Self::read_file): callers must remove it before the
+    /// ranks start (and after the job), or put a per-job tag (a job id) in the file name.
     pub fn write_file(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("tmp");
+        static NONCE: AtomicU64 = AtomicU64::new(0);
         let io = |e: std::io::Error| Error::Misuse(format!("writing {}: {e}", path.display()));
-        std::fs::write(&tmp, self.to_bytes()).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        let name = path.file_name().ok_or_else(|| {
+            Error::Misuse(format!(
+                "UniqueId::write_file: {} names no file",
+                path.display()
+            ))
+        })?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(
+            ".{}.{nanos}-{}.tmp",
+            std::process::id(),
+            NONCE.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tmp = path.with_file_name(tmp_name);
+        let written = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
+            f.write_all(&self.to_bytes())?;
+            f.sync_all()
+        })();
+        let r = written.and_then(|()| std::fs::rename(&tmp, path));
+        if r.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        r.map_err(io)
     }
 
-    /// Waits up to `timeout` for `path` to appear, then reads the id from it.
+    /// Waits up to `timeout` for `path` to hold an id (exactly [`UniqueId::BYTES`] bytes),
+    /// then reads it; a missing file or one of another length is retried until the timeout.
+    ///
+    /// A file left by an earlier job is read as if it were this job's id: see
+    /// [`write_file`](Self::write_file).
     pub fn read_file(path: &Path, timeout: Duration) -> Result<Self> {
         let start = Instant::now();
         loop {
-            match std::fs::read(path) {
-                Ok(bytes) => return Self::from_bytes(&bytes),
-                Err(e) if start.elapsed() >= timeout => {
-                    return Err(Error::Misuse(format!(
-                        "no NCCL unique id in {} after {timeout:?}: {e}",
-                        path.display()
-                    )))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            let why = match std::fs::read(path) {
+                Ok(bytes) if bytes.len() == Self::BYTES => return Self::from_bytes(&bytes),
+                Ok(bytes) => format!("it has {} bytes, not {}", bytes.len(), Self::BYTES),
+                Err(e) => e.to_string(),
+            };
+            if start.elapsed() >= timeout {
+                return Err(Error::Misuse(format!(
+                    "no NCCL unique id in {} after {timeout:?}: {why}",
+                    path.display()
+                )));
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -384,6 +451,39 @@ pub trait NcclType: Pod + sealed::Sealed {
 
 mod sealed {
     pub trait Sealed {}
+
+    /// Proof of being this crate: only it can make one, so only it can call
+    /// [`BufferMut::buffer_mut`](super::BufferMut::buffer_mut).
+    pub struct Token(pub(crate) ());
+}
+
+/// A buffer a collective writes: a [`DeviceBuffer`], or a [`Registered`] one. Sealed.
+///
+/// A [`Registered`] buffer gives safe code no `&mut DeviceBuffer` (which would let it swap out,
+/// and free, the allocation NCCL has registered): only the collectives reach it, through this
+/// trait, whose method only this crate can call.
+pub trait BufferMut<T: NcclType>: sealed::Sealed {
+    /// The buffer. Callable only from this crate (the token).
+    #[doc(hidden)]
+    fn buffer_mut(&mut self, token: sealed::Token) -> &mut DeviceBuffer<T>;
+}
+
+impl<T: NcclType> sealed::Sealed for DeviceBuffer<T> {}
+impl<T: NcclType> BufferMut<T> for DeviceBuffer<T> {
+    fn buffer_mut(&mut self, _: sealed::Token) -> &mut DeviceBuffer<T> {
+        self
+    }
+}
+
+impl<T: NcclType> sealed::Sealed for Registered<'_, T> {}
+impl<T: NcclType> BufferMut<T> for Registered<'_, T> {
+    fn buffer_mut(&mut self, _: sealed::Token) -> &mut DeviceBuffer<T> {
+        &mut self.buf
+    }
+}
+
+fn mut_of<T: NcclType, B: BufferMut<T> + ?Sized>(b: &mut B) -> &mut DeviceBuffer<T> {
+    b.buffer_mut(sealed::Token(()))
 }
 
 macro_rules! nccl_types {
@@ -430,6 +530,8 @@ pub struct Comm {
     rank: i32,
     nranks: i32,
     nccl: &'static Nccl,
+    /// Made by [`Comm::init_all`]: its collectives go through a [`Group`].
+    grouped_only: bool,
 }
 
 // SAFETY: an `ncclComm_t` may be used from any thread, one thread at a time (NCCL's rule);
@@ -450,9 +552,16 @@ impl fmt::Debug for Comm {
 
 impl Comm {
     /// One communicator per device of `devices`, all in this process (`ncclCommInitAll`);
-    /// rank `i` is on `devices[i]`. Collectives on them must be issued inside a [`Group`].
+    /// rank `i` is on `devices[i]`. Collectives on them must be issued inside a [`Group`]
+    /// (with more than one device, the direct collectives refuse them: one thread issuing
+    /// a collective for one rank alone would wait forever for the others).
+    ///
+    /// Should `ncclCommInitAll` succeed and giving the thread back its current device then
+    /// fail (a CUDA error), the communicators are leaked (never destroyed) and the error
+    /// returned.
     pub fn init_all(devices: &[Device]) -> Result<Vec<Comm>> {
         let n = nccl()?;
+        refuse_in_group("Comm::init_all")?;
         if devices.is_empty() {
             return Err(Error::Misuse("Comm::init_all: no devices".into()));
         }
@@ -476,15 +585,21 @@ impl Comm {
                 rank: rank as i32,
                 nranks,
                 nccl: n,
+                grouped_only: true,
             })
             .collect())
     }
 
     /// Rank `rank` of `nranks` on `device` (`ncclCommInitRank`, with `device` current for the
     /// call). Blocks until every rank has joined with the same `id`; ranks may be other
-    /// processes, on other hosts.
+    /// processes, on other hosts. Refused while a [`Group`] is open on this thread.
+    ///
+    /// Should `ncclCommInitRank` succeed and giving the thread back its current device then
+    /// fail (a CUDA error), the communicator is leaked (never destroyed) and the error
+    /// returned.
     pub fn init_rank(device: Device, nranks: i32, rank: i32, id: &UniqueId) -> Result<Comm> {
         let n = nccl()?;
+        refuse_in_group("Comm::init_rank")?;
         if nranks < 1 || rank < 0 || rank >= nranks {
             return Err(Error::Misuse(format!(
                 "Comm::init_rank: rank {rank} is not in 0..{nranks}"
@@ -505,6 +620,7 @@ impl Comm {
             rank,
             nranks,
             nccl: n,
+            grouped_only: false,
         })
     }
 
@@ -543,47 +659,70 @@ impl Comm {
         self.check_device(op, "stream", stream.device().ordinal())
     }
 
+    /// Refuses a direct (ungrouped) collective where NCCL would not run it at once: while a
+    /// [`Group`] is open on this thread, or on one of several communicators of
+    /// [`Comm::init_all`].
+    fn check_direct(&self, op: &str) -> Result<()> {
+        refuse_direct(op, self.grouped_only, self.nranks)
+    }
+
     /// Sums (or `op`s) `send` across all ranks into `recv` on every rank (`ncclAllReduce`).
-    /// Outside a [`Group`]: for one rank per process or thread.
+    ///
+    /// The direct collectives are for one rank per process or thread ([`Comm::init_rank`]):
+    /// they are refused while a [`Group`] is open on this thread (NCCL would only queue them
+    /// at `ncclGroupEnd`, after their borrows of the buffers end), and on communicators of
+    /// [`Comm::init_all`] (use [`Group::all_reduce`] and the others).
     pub fn all_reduce<T: NcclType>(
         &self,
         send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        recv: &mut impl BufferMut<T>,
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        restoring(|| self.all_reduce_held(send, recv, op, stream).map(drop))
+        self.check_direct("Comm::all_reduce")?;
+        restoring(|| {
+            self.all_reduce_held(send, mut_of(recv), op, stream)
+                .map(drop)
+        })
     }
 
     /// [`all_reduce`](Self::all_reduce) with `buf` as both input and output.
     pub fn all_reduce_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut impl BufferMut<T>,
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        restoring(|| self.all_reduce_in_place_held(buf, op, stream).map(drop))
+        self.check_direct("Comm::all_reduce_in_place")?;
+        restoring(|| {
+            self.all_reduce_in_place_held(mut_of(buf), op, stream)
+                .map(drop)
+        })
     }
 
     /// Gathers every rank's `send` into `recv` on every rank, rank `r`'s at
     /// `recv[r * send.len()..]` (`ncclAllGather`); `recv` holds `nranks * send.len()`.
+    /// Refused where [`all_reduce`](Self::all_reduce) is.
     pub fn all_gather<T: NcclType>(
         &self,
         send: &DeviceBuffer<T>,
-        recv: &mut DeviceBuffer<T>,
+        recv: &mut impl BufferMut<T>,
         stream: &Stream,
     ) -> Result<()> {
-        restoring(|| self.all_gather_held(send, recv, stream).map(drop))
+        self.check_direct("Comm::all_gather")?;
+        restoring(|| self.all_gather_held(send, mut_of(recv), stream).map(drop))
     }
 
     /// Copies rank `root`'s `buf` into `buf` on every rank (`ncclBroadcast`, in place).
+    /// Refused where [`all_reduce`](Self::all_reduce) is.
     pub fn broadcast_in_place<T: NcclType>(
         &self,
-        buf: &mut DeviceBuffer<T>,
+        buf: &mut impl BufferMut<T>,
         root: i32,
         stream: &Stream,
     ) -> Result<()> {
-        restoring(|| self.broadcast_held(buf, root, stream).map(drop))
+        self.check_direct("Comm::broadcast_in_place")?;
+        restoring(|| self.broadcast_held(mut_of(buf), root, stream).map(drop))
     }
 
     fn all_reduce_held<'a, T: NcclType>(
@@ -726,35 +865,55 @@ impl Comm {
     /// NCCL use it without staging for some algorithms (NVLS, CollNet, zero-copy peer-to-peer
     /// and network paths). Registration costs a few milliseconds: it pays for buffers reused
     /// by many collectives. Deregistered when the returned value drops.
+    ///
+    /// [`Error::Unsupported`] (the buffer dropped, nothing else done) where the loaded NCCL has
+    /// no `ncclCommRegister` (older than 2.19). Should registration succeed and giving the
+    /// thread back its current device then fail, the buffer is leaked (never freed, as NCCL
+    /// keeps it registered) and the error returned.
     pub fn register<T: NcclType>(&self, buf: DeviceBuffer<T>) -> Result<Registered<'_, T>> {
         let (Some(reg), Some(_)) = (self.nccl.fns.comm_register, self.nccl.fns.comm_deregister)
         else {
-            return Err(Error::Load(format!(
+            return Err(Error::Unsupported(format!(
                 "NCCL {} has no ncclCommRegister (2.19 or newer needed)",
                 self.nccl.version_string()
             )));
         };
         self.check_device("ncclCommRegister", "buffer", buf.device())?;
         let mut handle = std::ptr::null_mut();
+        let mut registered = false;
         let (p, bytes) = (buf.as_ptr().cast_mut().cast::<c_void>(), buf.byte_len());
-        restoring(|| {
+        let r = restoring(|| {
             let _g = self.device.guard()?;
             // SAFETY: `p` covers `bytes` bytes of a live allocation that the `Registered`
-            // value owns, so it outlives the registration; valid out-pointer.
+            // value owns (or that is leaked below), so it outlives the registration; valid
+            // out-pointer.
             let code = unsafe { reg(self.raw, p, bytes, &mut handle) };
+            registered = code == 0;
             self.nccl.check(code, self.raw, || {
                 format!("ncclCommRegister({bytes} bytes)")
             })
-        })?;
-        Ok(Registered {
-            buf,
-            handle,
-            comm: self,
-        })
+        });
+        match r {
+            Ok(()) => Ok(Registered {
+                buf: ManuallyDrop::new(buf),
+                handle,
+                comm: self,
+            }),
+            Err(e) => {
+                if registered {
+                    // NCCL holds the buffer registered: never free it.
+                    std::mem::forget(buf);
+                }
+                Err(e)
+            }
+        }
     }
 }
 
 impl Drop for Comm {
+    /// `ncclCommDestroy`, with the thread's current device given back afterwards. Errors are
+    /// ignored (drop never panics); should the current device not be readable before the
+    /// call (a CUDA error), the communicator is leaked rather than destroyed.
     fn drop(&mut self) {
         let (n, raw) = (self.nccl, self.raw);
         // SAFETY: we own the communicator and destroy it once. Errors are ignored (drop never
@@ -763,9 +922,24 @@ impl Drop for Comm {
     }
 }
 
-/// A device buffer registered with a communicator ([`Comm::register`]); derefs to the buffer.
+/// A device buffer registered with a communicator ([`Comm::register`]).
+///
+/// It derefs to `&DeviceBuffer` (reads, copies out, a send buffer), and the collectives take
+/// it as a buffer they write ([`BufferMut`]); it never gives out `&mut DeviceBuffer`, which
+/// would let safe code swap the registered allocation out and free it:
+///
+/// ```compile_fail
+/// fn swap_out(r: &mut cuda_mem_nccl::Registered<'_, f32>, o: &mut cuda_mem::DeviceBuffer<f32>) {
+///     std::mem::swap(&mut **r, o); // no DerefMut
+/// }
+/// ```
+///
+/// On drop it waits for the buffer's pending work, deregisters it (`ncclCommDeregister`) and
+/// frees it; should the wait or the deregistration fail, the buffer is leaked rather than
+/// freed while NCCL may still hold it.
 pub struct Registered<'c, T: NcclType> {
-    buf: DeviceBuffer<T>,
+    /// Dropped (freed) only after a successful deregistration.
+    buf: ManuallyDrop<DeviceBuffer<T>>,
     handle: *mut c_void,
     comm: &'c Comm,
 }
@@ -789,26 +963,44 @@ impl<T: NcclType> std::ops::Deref for Registered<'_, T> {
     }
 }
 
-impl<T: NcclType> std::ops::DerefMut for Registered<'_, T> {
-    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
-        &mut self.buf
-    }
-}
-
 impl<T: NcclType> Drop for Registered<'_, T> {
     fn drop(&mut self) {
         // Collectives still using the buffer must finish before it is deregistered; if that
-        // cannot be known, keep the registration (a leak, not a use of stale state).
+        // cannot be known, keep the registration and the buffer (a leak, not a free of memory
+        // NCCL may still use).
         if self.buf.synchronize().is_err() {
             return;
         }
-        if let Some(dereg) = self.comm.nccl.fns.comm_deregister {
-            let (raw, handle) = (self.comm.raw, self.handle);
+        let Some(dereg) = self.comm.nccl.fns.comm_deregister else {
+            return;
+        };
+        let (raw, handle, device) = (self.comm.raw, self.handle, self.comm.device);
+        let code = restoring(|| {
+            let _g = device.guard()?;
             // SAFETY: the handle came from `ncclCommRegister` on this comm, which outlives us
-            // (borrowed); deregistered once. Errors are ignored: drop never panics.
-            let _ = restoring(|| Ok(unsafe { dereg(raw, handle) }));
+            // (borrowed); deregistered once, here.
+            Ok(unsafe { dereg(raw, handle) })
+        });
+        if matches!(code, Ok(0)) {
+            // SAFETY: NCCL no longer holds the buffer; dropped once, here, never used after.
+            unsafe { ManuallyDrop::drop(&mut self.buf) }
         }
     }
+}
+
+/// [`Comm::check_direct`] on a communicator's fields (apart, to be tested without NCCL).
+fn refuse_direct(op: &str, grouped_only: bool, nranks: i32) -> Result<()> {
+    refuse_in_group(op)?;
+    if grouped_only && nranks > 1 {
+        return Err(Error::Misuse(format!(
+            "{op}: this communicator is one of {nranks} made by Comm::init_all in this process; \
+             a collective issued for one of them alone waits forever for the other ranks: \
+             issue the collectives of all ranks in one Group (Group::start, then Group::{} \
+             per rank, then Group::end)",
+            op.rsplit("::").next().unwrap_or(op)
+        )));
+    }
+    Ok(())
 }
 
 /// The device-pointer guards of one queued collective, kept until NCCL has queued it.
@@ -819,11 +1011,67 @@ struct Held<'a>(#[allow(dead_code)] Vec<Box<dyn Guard + 'a>>);
 trait Guard {}
 impl<T> Guard for T {}
 
+thread_local! {
+    /// Whether this thread has an open [`Group`] (one at most).
+    static GROUP_OPEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread has an open [`Group`]; `true` where that cannot be known (refusing is
+/// the safe answer).
+fn group_open() -> bool {
+    GROUP_OPEN.try_with(Cell::get).unwrap_or(true)
+}
+
+/// Refuses `op` while a [`Group`] is open on this thread.
+fn refuse_in_group(op: &str) -> Result<()> {
+    if group_open() {
+        return Err(Error::Misuse(format!(
+            "{op}: a Group is open on this thread; NCCL would only queue the call at \
+             ncclGroupEnd, after this call had ended its borrows (its buffers could be freed \
+             by then): issue collectives through the open Group, or end it first"
+        )));
+    }
+    Ok(())
+}
+
+/// This thread's open group in the accounting above; marks it closed when dropped.
+struct OpenGroup {
+    /// Per thread, as the mark it clears.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl OpenGroup {
+    /// Marks a group open on this thread, unless one already is.
+    fn enter() -> Result<OpenGroup> {
+        if group_open() {
+            return Err(Error::Misuse(
+                "Group::start: a Group is already open on this thread; NCCL would queue a \
+                 nested group's collectives only at the outer ncclGroupEnd, after the inner \
+                 group had ended its buffers' borrows: issue them in the open Group"
+                    .into(),
+            ));
+        }
+        let _ = GROUP_OPEN.try_with(|o| o.set(true));
+        Ok(OpenGroup {
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl Drop for OpenGroup {
+    fn drop(&mut self) {
+        let _ = GROUP_OPEN.try_with(|o| o.set(false));
+    }
+}
+
 /// Collectives issued together (`ncclGroupStart` ... `ncclGroupEnd`): needed when one thread
 /// issues a collective for several ranks ([`Comm::init_all`]), and it fuses calls of one rank.
 ///
 /// NCCL queues the work at `ncclGroupEnd`, so the group keeps every buffer borrowed, and its
-/// device-pointer guards alive, until [`end`](Self::end) (or drop, which ends it too).
+/// device-pointer guards alive, until [`end`](Self::end) (or drop, which ends it too). For the
+/// same reason a thread has one open group at most ([`Group::start`] refuses a second), and
+/// the direct collectives of [`Comm`] are refused while it is open. A group that is leaked
+/// (`mem::forget`) stays open for NCCL too, so they stay refused on that thread.
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem_nccl::Result<()> {
@@ -844,9 +1092,9 @@ impl<T> Guard for T {}
 pub struct Group<'a> {
     held: Vec<Held<'a>>,
     nccl: &'static Nccl,
-    open: bool,
-    /// The current device is per thread, and so is an NCCL group.
-    _not_send: PhantomData<*const ()>,
+    /// `Some` until `ncclGroupEnd` (not `Send`: an NCCL group is per thread, as is the
+    /// current device).
+    open: Option<OpenGroup>,
 }
 
 impl fmt::Debug for Group<'_> {
@@ -855,84 +1103,84 @@ impl fmt::Debug for Group<'_> {
             f,
             "Group({} collectives, open: {})",
             self.held.len(),
-            self.open
+            self.open.is_some()
         )
     }
 }
 
 impl<'a> Group<'a> {
-    /// `ncclGroupStart`.
+    /// `ncclGroupStart`. Refused ([`Error::Misuse`]) while another `Group` is open on this
+    /// thread: nest nothing, issue everything in the open group.
     pub fn start() -> Result<Self> {
         let n = nccl()?;
+        let open = OpenGroup::enter()?;
         // SAFETY: no arguments.
         let code = unsafe { (n.fns.group_start)() };
         n.check(code, std::ptr::null_mut(), || "ncclGroupStart".into())?;
         Ok(Group {
             held: Vec::new(),
             nccl: n,
-            open: true,
-            _not_send: PhantomData,
+            open: Some(open),
         })
     }
 
     /// [`Comm::all_reduce`] inside the group.
-    pub fn all_reduce<T: NcclType>(
+    pub fn all_reduce<T: NcclType, B: BufferMut<T>>(
         &mut self,
         comm: &'a Comm,
         send: &'a DeviceBuffer<T>,
-        recv: &'a mut DeviceBuffer<T>,
+        recv: &'a mut B,
         op: ReduceOp,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.all_reduce_held(send, recv, op, stream))?;
+        let h = restoring(|| comm.all_reduce_held(send, mut_of(recv), op, stream))?;
         self.held.push(h);
         Ok(())
     }
 
     /// [`Comm::all_reduce_in_place`] inside the group.
-    pub fn all_reduce_in_place<T: NcclType>(
+    pub fn all_reduce_in_place<T: NcclType, B: BufferMut<T>>(
         &mut self,
         comm: &'a Comm,
-        buf: &'a mut DeviceBuffer<T>,
+        buf: &'a mut B,
         op: ReduceOp,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.all_reduce_in_place_held(buf, op, stream))?;
+        let h = restoring(|| comm.all_reduce_in_place_held(mut_of(buf), op, stream))?;
         self.held.push(h);
         Ok(())
     }
 
     /// [`Comm::all_gather`] inside the group.
-    pub fn all_gather<T: NcclType>(
+    pub fn all_gather<T: NcclType, B: BufferMut<T>>(
         &mut self,
         comm: &'a Comm,
         send: &'a DeviceBuffer<T>,
-        recv: &'a mut DeviceBuffer<T>,
+        recv: &'a mut B,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.all_gather_held(send, recv, stream))?;
+        let h = restoring(|| comm.all_gather_held(send, mut_of(recv), stream))?;
         self.held.push(h);
         Ok(())
     }
 
     /// [`Comm::broadcast_in_place`] inside the group.
-    pub fn broadcast_in_place<T: NcclType>(
+    pub fn broadcast_in_place<T: NcclType, B: BufferMut<T>>(
         &mut self,
         comm: &'a Comm,
-        buf: &'a mut DeviceBuffer<T>,
+        buf: &'a mut B,
         root: i32,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.broadcast_held(buf, root, stream))?;
+        let h = restoring(|| comm.broadcast_held(mut_of(buf), root, stream))?;
         self.held.push(h);
         Ok(())
     }
 
     fn finish(&mut self) -> Result<()> {
-        if !self.open {
+        let Some(open) = self.open.take() else {
             return Ok(());
-        }
-        self.open = false;
+        };
         let n = self.nccl;
         let r = restoring(|| {
             // SAFETY: no arguments; ends the group this value started.
@@ -942,6 +1190,8 @@ impl<'a> Group<'a> {
         // The guards record the now-queued work on their buffers (on failure too: an extra
         // record only adds waiting).
         self.held.clear();
+        // NCCL's group is closed (`ncclGroupEnd` lowers its depth even when it fails).
+        drop(open);
         r
     }
 
@@ -1008,6 +1258,99 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let e = UniqueId::read_file(&path, Duration::from_millis(50)).unwrap_err();
         assert!(e.to_string().contains("no NCCL unique id"), "{e}");
+    }
+
+    #[test]
+    fn unique_id_files_use_unique_temporaries_and_wait_for_a_whole_id() {
+        let dir = std::env::temp_dir().join(format!("cm-nccl-ids-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let (a, b) = (
+            UniqueId::from_bytes(&[1; 128]).unwrap(),
+            UniqueId::from_bytes(&[2; 128]).unwrap(),
+        );
+        // A `.tmp` path, and two ids sharing a stem: each file gets its own id, and no
+        // temporary is left behind.
+        let (p_tmp, p_x, p_y) = (dir.join("id.tmp"), dir.join("id.x"), dir.join("id.y"));
+        a.write_file(&p_tmp).unwrap();
+        a.write_file(&p_x).unwrap();
+        b.write_file(&p_y).unwrap();
+        let read = |p: &Path| UniqueId::read_file(p, Duration::from_secs(1)).unwrap();
+        assert_eq!(read(&p_tmp).to_bytes(), [1; 128]);
+        assert_eq!(read(&p_x).to_bytes(), [1; 128]);
+        assert_eq!(read(&p_y).to_bytes(), [2; 128]);
+        b.write_file(&p_x).unwrap(); // replaces
+        assert_eq!(read(&p_x).to_bytes(), [2; 128]);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            3,
+            "temporaries left"
+        );
+        // A short file is waited on until it holds a whole id, then refused at the timeout.
+        let short = dir.join("short");
+        std::fs::write(&short, [7; 10]).unwrap();
+        let e = UniqueId::read_file(&short, Duration::from_millis(60)).unwrap_err();
+        assert!(e.to_string().contains("has 10 bytes"), "{e}");
+        let writer = {
+            let short = short.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                a.write_file(&short).unwrap();
+            })
+        };
+        let got = UniqueId::read_file(&short, Duration::from_secs(10)).unwrap();
+        writer.join().unwrap();
+        assert_eq!(got.to_bytes(), [1; 128]);
+        assert!(a.write_file(Path::new("/")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn nvls_must_be_set_to_zero_by_the_launcher() {
+        use std::ffi::OsStr;
+        assert_eq!(nvls_refusal(Some(OsStr::new("0"))), None);
+        let unset = nvls_refusal(None).unwrap();
+        assert!(unset.contains("NCCL_NVLS_ENABLE is not set"), "{unset}");
+        assert!(unset.contains("NVLink multicast"), "{unset}");
+        for v in ["1", "", " 0", "00", "0 "] {
+            let why = nvls_refusal(Some(OsStr::new(v))).unwrap();
+            assert!(why.starts_with("NCCL_NVLS_ENABLE="), "{why}");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let why = nvls_refusal(Some(OsStr::from_bytes(b"\xff"))).unwrap();
+            assert!(why.contains("not UTF-8"), "{why}");
+        }
+    }
+
+    #[test]
+    fn one_group_per_thread_and_no_direct_collectives_inside_it() {
+        refuse_direct("Comm::all_reduce", false, 2).unwrap();
+        refuse_direct("Comm::all_reduce", true, 1).unwrap();
+        let e = refuse_direct("Comm::all_reduce", true, 2).unwrap_err();
+        assert!(
+            e.to_string().contains("Comm::init_all") && e.to_string().contains("Group::all_reduce"),
+            "{e}"
+        );
+        let open = OpenGroup::enter().unwrap();
+        let nested = OpenGroup::enter().map(drop).unwrap_err();
+        assert!(nested.to_string().contains("already open"), "{nested}");
+        let e = refuse_direct("Comm::all_reduce_in_place", false, 2).unwrap_err();
+        assert!(e.to_string().contains("a Group is open"), "{e}");
+        assert!(refuse_in_group("Comm::init_rank").is_err());
+        // Per thread: another thread has no group open.
+        std::thread::spawn(|| {
+            refuse_direct("Comm::all_gather", false, 2).unwrap();
+            drop(OpenGroup::enter().unwrap());
+        })
+        .join()
+        .unwrap();
+        assert!(group_open(), "the other thread's group is its own");
+        drop(open);
+        refuse_direct("Comm::broadcast_in_place", false, 2).unwrap();
+        drop(OpenGroup::enter().unwrap());
+        assert!(!group_open());
     }
 
     #[test]

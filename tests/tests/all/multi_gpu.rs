@@ -507,24 +507,86 @@ fn check_nccl_two_ranks(comms: &[Comm], n: usize) {
     for b in &bufs {
         assert_eq!(b.to_vec().unwrap(), pattern(n, 21), "broadcast");
     }
-    // Misuse: a stream of the other device is refused before NCCL sees it.
-    let e = comms[0]
-        .all_reduce_in_place(&mut bufs[0], ReduceOp::Sum, &streams[streams.len() - 1])
-        .err();
-    if comms.len() > 1 {
-        assert!(e.is_some_and(|e| e.to_string().contains("stream is on device")));
+    // Misuse: a stream of the other device is refused before NCCL sees it (nothing queued,
+    // so the group ends empty).
+    {
+        let mut g = Group::start().unwrap();
+        let last = &streams[streams.len() - 1];
+        let e = g
+            .all_reduce_in_place(&comms[0], &mut bufs[0], ReduceOp::Sum, last)
+            .err();
+        if comms.len() > 1 {
+            assert!(e.is_some_and(|e| e.to_string().contains("stream is on device")));
+        }
+        g.end().unwrap();
     }
+    // A direct collective on a communicator of `init_all` would wait forever for the other
+    // ranks: refused, pointing to `Group`.
+    if comms.len() > 1 {
+        let e = comms[0]
+            .all_reduce_in_place(&mut bufs[0], ReduceOp::Sum, &streams[0])
+            .unwrap_err();
+        assert!(e.to_string().contains("Comm::init_all"), "{e}");
+        assert!(e.to_string().contains("Group"), "{e}");
+    }
+}
+
+/// NCCL loads only where the launcher exported `NCCL_NVLS_ENABLE=0` (cuda-mem-nccl never
+/// changes the environment). Where it is unset, runs `test` again in a child process with it
+/// set and returns `false` (the test is done); `true` where this process may run it.
+fn nvls_off_or_rerun(test: &str) -> bool {
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_some() {
+        return true;
+    }
+    eprintln!("multi_gpu: NCCL_NVLS_ENABLE unset: {test} runs in a child with it set to 0");
+    let (ok, out) =
+        cuda_mem_tests::run_child(test, &[("NCCL_NVLS_ENABLE", "0")], Duration::from_secs(240))
+            .unwrap();
+    assert!(ok && out.contains("1 passed"), "{test} in a child:\n{out}");
+    false
+}
+
+/// Refused while a group is open on the thread, so that no collective outlives its borrows
+/// (NCCL only queues it at `ncclGroupEnd`): the direct collectives, a nested group, and
+/// creating communicators. `comm` is a communicator of `init_rank`.
+fn direct_collectives_are_refused_in_a_group(comm: &Comm, s: &Stream) {
+    let mut buf = on(comm.device(), || DeviceBuffer::<u32>::zeroed(1024)).unwrap();
+    let g = Group::start().unwrap();
+    let e = comm
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum, s)
+        .unwrap_err();
+    assert!(e.to_string().contains("a Group is open"), "{e}");
+    let e = comm.broadcast_in_place(&mut buf, 0, s).unwrap_err();
+    assert!(e.to_string().contains("a Group is open"), "{e}");
+    drop(buf); // what the refusal protects: freed before ncclGroupEnd
+    let e = Group::start().unwrap_err();
+    assert!(e.to_string().contains("already open"), "{e}");
+    let id = UniqueId::from_bytes(&[0; 128]).unwrap();
+    let e = Comm::init_rank(comm.device(), 2, 0, &id).unwrap_err();
+    assert!(e.to_string().contains("a Group is open"), "{e}");
+    g.end().unwrap();
 }
 
 #[test]
 fn nccl_collectives_in_one_process_are_bit_exact() {
     let (d0, d1) = two_gpus_or_skip!("nccl_collectives_in_one_process_are_bit_exact");
+    if !nvls_off_or_rerun("multi_gpu::nccl_collectives_in_one_process_are_bit_exact") {
+        return;
+    }
     d0.set_current().unwrap();
     let comms = Comm::init_all(&[d0, d1]).unwrap();
     assert_eq!(Device::current().unwrap(), d0);
     assert_eq!((comms[1].rank(), comms[1].nranks()), (1, 2));
     check_nccl_two_ranks(&comms, (8 << 20) + 3);
     check_nccl_two_ranks(&comms, 1);
+    // Inside an open group nothing else is issued on this thread; the group still works after.
+    {
+        let g = Group::start().unwrap();
+        assert!(Group::start().is_err(), "a nested group");
+        assert!(Comm::init_all(&[d0, d1]).is_err(), "init_all in a group");
+        g.end().unwrap();
+    }
+    check_nccl_two_ranks(&comms, 5);
 }
 
 /// One rank of the two-process test: runs only in a child started by
@@ -551,6 +613,7 @@ fn nccl_rank() {
     let device = Device::get(rank).unwrap();
     let comm = Comm::init_rank(device, 2, rank, &id).unwrap();
     let s = Stream::on(device, true).unwrap();
+    direct_collectives_are_refused_in_a_group(&comm, &s);
     let n = (16 << 20) + 1;
     let up = |data: Vec<u32>| on(device, || DeviceBuffer::from_slice(&data)).unwrap();
     let mut b = up(pattern(n, 1 + rank as u32));
@@ -569,17 +632,29 @@ fn nccl_rank() {
     let mut b = up(pattern(n, 20 + rank as u32));
     comm.broadcast_in_place(&mut b, 0, &s).unwrap();
     assert_eq!(b.to_vec().unwrap(), pattern(n, 20), "broadcast");
-    // A registered buffer takes part like any other.
+    // A registered buffer takes part like any other, directly and in a group.
     let nccl = cuda_mem_nccl::nccl().unwrap();
     match comm.register(up(pattern(n, 30 + rank as u32))) {
         Ok(mut r) => {
             comm.all_reduce_in_place(&mut r, ReduceOp::Sum, &s).unwrap();
             let want = summed(&pattern(n, 30), &pattern(n, 31));
             assert_eq!(r.to_vec().unwrap(), want, "registered");
+            let mut g = Group::start().unwrap();
+            g.broadcast_in_place(&comm, &mut r, 1, &s).unwrap();
+            g.end().unwrap();
+            assert_eq!(
+                r.to_vec().unwrap(),
+                want,
+                "registered, broadcast in a group"
+            );
             println!("nccl rank {rank}: registered buffer ok");
         }
-        // Registration is an optimisation NCCL may not offer for this memory or version.
-        Err(e) => println!("nccl rank {rank}: ncclCommRegister not used: {e}"),
+        // The one documented "not offered" answer: an NCCL older than 2.19, without
+        // ncclCommRegister. Any other failure is a failure.
+        Err(cuda_mem_nccl::Error::Unsupported(why)) => {
+            println!("nccl rank {rank}: registration not supported: {why}")
+        }
+        Err(e) => panic!("nccl rank {rank}: ncclCommRegister failed: {e}"),
     }
     println!("nccl rank {rank} ok (NCCL {})", nccl.version_string());
 }
@@ -590,16 +665,19 @@ fn nccl_two_processes_share_the_unique_id_through_a_file() {
     let file = std::env::temp_dir().join(format!("cuda-mem-nccl-id-{}", std::process::id()));
     let _ = std::fs::remove_file(&file);
     let f = file.to_str().unwrap().to_string();
+    // The children inherit NCCL_NVLS_ENABLE from the launcher; set to 0 where it is unset (a
+    // value other than 0 makes them fail, naming it).
+    let nvls_unset = std::env::var_os("NCCL_NVLS_ENABLE").is_none();
     let children: Vec<_> = (0..2)
         .map(|rank| {
             let f = f.clone();
             std::thread::spawn(move || {
                 let r = rank.to_string();
-                cuda_mem_tests::run_child(
-                    "multi_gpu::nccl_rank",
-                    &[("RANK", &r), ("CUDA_MEM_NCCL_ID_FILE", &f)],
-                    Duration::from_secs(240),
-                )
+                let mut env = vec![("RANK", r.as_str()), ("CUDA_MEM_NCCL_ID_FILE", &f)];
+                if nvls_unset {
+                    env.push(("NCCL_NVLS_ENABLE", "0"));
+                }
+                cuda_mem_tests::run_child("multi_gpu::nccl_rank", &env, Duration::from_secs(240))
             })
         })
         .collect();
