@@ -48,6 +48,20 @@ macro_rules! gpu_or_skip {
     };
 }
 
+/// Polls `done()` every millisecond until it holds or `limit` has passed; returns whether it
+/// held (for asserting that queued work finishes, or does not wait, without a time bound on
+/// the work itself).
+pub fn eventually(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    done()
+}
+
 /// Whether a GPU is present (no message, no failure): for tests of the no-driver paths.
 pub fn has_gpu() -> bool {
     matches!(Device::count(), Ok(n) if n > 0)

@@ -3,7 +3,7 @@
 //! streams and failures do. A slow kernel (`cm_spin`) holds a stream so that work queued
 //! behind it is certainly still pending when the next step runs.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cuda_mem::{
     copy, copy_async, copy_range_async, pointer_info, sys, testing, Attach, DeviceBuffer,
@@ -11,23 +11,11 @@ use cuda_mem::{
     ManagedBuffer, Misuse, PinnedBuffer, PointerKind, RegisteredVec, Stream,
 };
 use cuda_mem_probes::Probes;
-use cuda_mem_tests::gpu_or_skip;
+use cuda_mem_tests::{eventually, gpu_or_skip};
 
 use crate::pattern;
 
 const SPIN: u64 = 300_000_000; // ns a held stream stays busy
-
-/// Polls until `done()` or `limit` passes; returns whether `done()` became true.
-fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    done()
-}
 
 fn last_error() -> sys::cudaError_t {
     // SAFETY: no arguments; reads the thread's error state without resetting it.

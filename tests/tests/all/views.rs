@@ -10,22 +10,11 @@ use cuda_mem::{
     Slice as _, Stream,
 };
 use cuda_mem_probes::Probes;
-use cuda_mem_tests::gpu_or_skip;
+use cuda_mem_tests::{eventually, gpu_or_skip};
 
 use crate::pattern;
 
 const SPIN: u64 = 300_000_000;
-
-fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    done()
-}
 
 /// Two halves of one buffer, written on two streams, one held by a slow kernel: the other
 /// half's copy does not wait for it, and both land.
