@@ -253,14 +253,8 @@ where
         (_, Loc::Device) => src.device_ordinal(),
         _ => None,
     };
-    let _guard = match device {
-        Some(dev) if dev != current_ordinal() => {
-            Some(crate::devices::Device::from_ordinal_unchecked(dev).guard()?)
-        }
-        _ => None,
-    };
-    let device = device.unwrap_or_else(current_ordinal);
-    let legacy = Stream::legacy_on(device);
+    let legacy = Stream::legacy_on(device.unwrap_or_else(current_ordinal));
+    let _guard = legacy.inner().enter()?;
     let (sr, dr) = (
         plan_range::<T>(src.fence_base(), src_offset, bytes),
         plan_range::<T>(dst.fence_base(), dst_offset, bytes),
@@ -282,9 +276,9 @@ where
         let src_fence = src.fence().filter(|_| src_may_run);
         match dst.fence() {
             Some(df) if !src_may_run || src_fence.is_some() => {
-                df.mark_legacy(device, dr, Access::Write);
+                df.mark(&legacy, dr, Access::Write);
                 if let Some(sf) = src_fence {
-                    sf.mark_legacy(device, sr, Access::Read);
+                    sf.mark(&legacy, sr, Access::Read);
                 }
             }
             // A side without a fence: finish the copy before its borrow ends. (Should that

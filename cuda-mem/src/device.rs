@@ -192,20 +192,15 @@ impl<T: Pod> DeviceBuffer<T> {
     /// stream (non-blocking ones included), are ordered after the fill.
     pub fn memset(&mut self, byte: u8) -> Result<()> {
         // `cudaMemset` runs on the current device's legacy stream: make it this buffer's.
-        let _guard = if self.device != current_ordinal() {
-            Some(Device::from_ordinal_unchecked(self.device).guard()?)
-        } else {
-            None
-        };
-        let device = self.device;
+        let legacy = Stream::legacy_on(self.device);
+        let _guard = legacy.inner().enter()?;
         let bytes = self.byte_len();
-        self.fence
-            .order(&Stream::legacy_on(device), (0, bytes), Access::Write)?;
+        self.fence.order(&legacy, (0, bytes), Access::Write)?;
         let p = self.ptr.as_ptr();
         // SAFETY: `p` is our live allocation of `bytes` bytes, borrowed mutably; conflicting
         // pending work was ordered before the fill, and the fill is recorded below.
         let code = unsafe { sys::cudaMemset(p.cast(), byte.into(), bytes) };
-        self.fence.mark_legacy(device, (0, bytes), Access::Write);
+        self.fence.mark(&legacy, (0, bytes), Access::Write);
         check(code, || {
             format!("cudaMemset({p:p}, {byte}, {})", fmt_bytes(bytes))
         })

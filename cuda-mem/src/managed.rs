@@ -199,7 +199,8 @@ impl<T: Pod> ManagedBuffer<T> {
             // runs (another thread's too): fill it on the device, recorded on the buffer.
             // SAFETY: `p` covers our fresh allocation of `bytes` bytes.
             let code = unsafe { sys::cudaMemset(p.cast(), 0, bytes) };
-            buf.fence.mark_legacy(buf.device, (0, bytes), Access::Write);
+            buf.fence
+                .mark(&Stream::legacy_on(buf.device), (0, bytes), Access::Write);
             check(code, || {
                 format!("cudaMemset({p:p}, 0, {})", fmt_bytes(bytes))
             })?;

@@ -168,9 +168,8 @@ pub fn copy_peer_range<T: Pod>(
     src_offset: usize,
     count: usize,
 ) -> Result<()> {
-    let device = Device::from_ordinal_unchecked(src.device());
-    let _g = device.guard()?;
-    let legacy = Stream::legacy_on(device.ordinal());
+    // The source device's legacy stream: `copy_peer_range_async` makes that device current.
+    let legacy = Stream::legacy_on(src.device());
     copy_peer_range_async(dst, dst_offset, src, src_offset, count, &legacy)
 }
 

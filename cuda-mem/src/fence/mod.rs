@@ -117,11 +117,10 @@ impl Fence {
         self.core.host_wait(access)
     }
 
-    /// Marks work that the legacy default stream of `device` runs on `bytes` (a synchronous
-    /// copy or memset that may return before it is done).
-    pub(crate) fn mark_legacy(&self, device: i32, bytes: (usize, usize), access: Access) {
-        let s = Stream::legacy_on(device);
-        self.core.mark(s.inner(), bytes, access);
+    /// Marks work already queued on `stream` that accesses `bytes` (a synchronous copy or
+    /// memset, on the legacy default stream, that may return before it is done).
+    pub(crate) fn mark(&self, stream: &Stream, bytes: (usize, usize), access: Access) {
+        self.core.mark(stream.inner(), bytes, access);
     }
 }
 
