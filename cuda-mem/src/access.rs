@@ -128,20 +128,7 @@ pub trait DevicePtr<T: Pod>: sealed::Async<T> {
     /// its device address for work queued on `stream` while the guard lives (see the aliasing
     /// rule above). Host writes and drop wait for that work.
     fn device_ptr(&self, stream: &Stream) -> Result<DeviceRead<'_, T>> {
-        self.check_stream(stream, "device_ptr")?;
-        let ptr = self.device_addr()?;
-        let len = self.raw_len();
-        let base = self.fence_base();
-        let bytes = len * std::mem::size_of::<T>();
-        let u = self
-            .async_fence()
-            .begin(stream, (base, base + bytes), Access::Read)?;
-        Ok(DeviceRead {
-            ptr,
-            len,
-            _use: u,
-            _borrow: PhantomData,
-        })
+        read_guard(self, stream, Access::Read, "device_ptr")
     }
 }
 impl<T: Pod, M: sealed::Async<T> + ?Sized> DevicePtr<T> for M {}
@@ -154,24 +141,46 @@ pub trait DevicePtrMut<T: Pod>: DevicePtr<T> + sealed::RawMut<T> {
     /// drop wait for that work. Memory registered `READ_ONLY` is refused
     /// ([`Misuse::ReadOnlyDestination`](crate::Misuse::ReadOnlyDestination)).
     fn device_ptr_mut(&mut self, stream: &Stream) -> Result<DeviceWrite<'_, T>> {
-        self.check_device_writable("device_ptr_mut")?;
-        self.check_stream(stream, "device_ptr_mut")?;
-        let ptr = self.device_addr()?;
-        let len = self.raw_len();
-        let base = self.fence_base();
-        let bytes = len * std::mem::size_of::<T>();
-        let u = self
-            .async_fence()
-            .begin(stream, (base, base + bytes), Access::Write)?;
-        Ok(DeviceWrite {
-            read: DeviceRead {
-                ptr,
-                len,
-                _use: u,
-                _borrow: PhantomData,
-            },
-            _borrow: PhantomData,
-        })
+        write_guard(self, stream, "device_ptr_mut")
     }
 }
 impl<T: Pod, M: sealed::Async<T> + sealed::RawMut<T> + ?Sized> DevicePtrMut<T> for M {}
+
+/// The guard of `m`'s whole range for work on `stream` that accesses it as `access`: the
+/// stream is checked against the memory's state (`op` names the caller in the error), then
+/// ordered after conflicting pending work, and the work is marked.
+fn read_guard<'a, T: Pod, M: sealed::Async<T> + ?Sized>(
+    m: &'a M,
+    stream: &Stream,
+    access: Access,
+    op: &'static str,
+) -> Result<DeviceRead<'a, T>> {
+    m.check_stream(stream, op)?;
+    let ptr = m.device_addr()?;
+    let len = m.raw_len();
+    let base = m.fence_base();
+    let bytes = len * std::mem::size_of::<T>();
+    let u = m
+        .async_fence()
+        .begin(stream, (base, base + bytes), access)?;
+    Ok(DeviceRead {
+        ptr,
+        len,
+        _use: u,
+        _borrow: PhantomData,
+    })
+}
+
+/// The write guard of `m`'s whole range: [`read_guard`] for a write, after refusing memory the
+/// device may not write.
+pub(crate) fn write_guard<'a, T: Pod, M: sealed::Async<T> + sealed::RawMut<T> + ?Sized>(
+    m: &'a mut M,
+    stream: &Stream,
+    op: &'static str,
+) -> Result<DeviceWrite<'a, T>> {
+    m.check_device_writable(op)?;
+    Ok(DeviceWrite {
+        read: read_guard(&*m, stream, Access::Write, op)?,
+        _borrow: PhantomData,
+    })
+}

@@ -426,16 +426,11 @@ where
     if bytes == 0 {
         return Ok(());
     }
-    dst.check_device_writable("memset_async")?;
-    dst.check_stream(stream, "memset_async")?;
-    let base = dst.fence_base();
-    let p = dst.device_addr()?.cast_mut();
-    let _use = dst
-        .async_fence()
-        .begin(stream, (base, base + bytes), Access::Write)?;
-    // SAFETY: `p` is the device address of `bytes` bytes of `dst`, borrowed mutably; the use
-    // above orders the fill after conflicting work and records it, and the owner waits for it
-    // before host access or free.
+    let guard = crate::access::write_guard(dst, stream, "memset_async")?;
+    let p = guard.as_mut_ptr();
+    // SAFETY: `p` is the device address of `bytes` bytes of `dst`, borrowed mutably through the
+    // guard, which ordered the fill after conflicting work and records it (the owner waits for
+    // it before host access or free).
     let code = unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
     check(code, || {
         format!(
