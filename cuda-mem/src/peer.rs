@@ -56,22 +56,14 @@ impl Device {
     /// `cudaErrorPeerAccessAlreadyEnabled` is answered `Ok` and cleared from the thread's
     /// last-error state. Access goes one way: enable it on both devices for both directions.
     pub fn enable_peer_access(self, peer: Device) -> Result<()> {
-        check_pair("Device::enable_peer_access", self, peer)?;
-        let _g = self.guard()?;
-        // SAFETY: plain value arguments; flags must be 0.
-        let code = unsafe { sys::cudaDeviceEnablePeerAccess(peer.ordinal(), 0) };
-        if code == sys::cudaError::cudaErrorPeerAccessAlreadyEnabled {
-            // SAFETY: no arguments; only resets the thread's last-error state.
-            unsafe { sys::cudaGetLastError() };
-            return Ok(());
-        }
-        check(code, || {
-            format!(
-                "cudaDeviceEnablePeerAccess(peer {}) on device {}",
-                peer.ordinal(),
-                self.ordinal()
-            )
-        })
+        self.set_peer_access(
+            peer,
+            "Device::enable_peer_access",
+            "cudaDeviceEnablePeerAccess",
+            sys::cudaError::cudaErrorPeerAccessAlreadyEnabled,
+            // SAFETY: plain value arguments; flags must be 0.
+            |p| unsafe { sys::cudaDeviceEnablePeerAccess(p, 0) },
+        )
     }
 
     /// Revokes the access [`enable_peer_access`](Self::enable_peer_access) gave
@@ -82,18 +74,38 @@ impl Device {
     /// crate do not rely on it (the driver stages them without it), kernels that dereference
     /// the peer's memory do.
     pub fn disable_peer_access(self, peer: Device) -> Result<()> {
-        check_pair("Device::disable_peer_access", self, peer)?;
+        self.set_peer_access(
+            peer,
+            "Device::disable_peer_access",
+            "cudaDeviceDisablePeerAccess",
+            sys::cudaError::cudaErrorPeerAccessNotEnabled,
+            // SAFETY: plain value argument.
+            |p| unsafe { sys::cudaDeviceDisablePeerAccess(p) },
+        )
+    }
+
+    /// Enable or disable: `call(peer)` on this device (made current for it), where the
+    /// `already` answer means the access is already as asked, which is `Ok` here (and cleared
+    /// from the thread's last-error state).
+    fn set_peer_access(
+        self,
+        peer: Device,
+        op: &'static str,
+        name: &'static str,
+        already: sys::cudaError_t,
+        call: impl FnOnce(i32) -> sys::cudaError_t,
+    ) -> Result<()> {
+        check_pair(op, self, peer)?;
         let _g = self.guard()?;
-        // SAFETY: plain value argument.
-        let code = unsafe { sys::cudaDeviceDisablePeerAccess(peer.ordinal()) };
-        if code == sys::cudaError::cudaErrorPeerAccessNotEnabled {
+        let code = call(peer.ordinal());
+        if code == already {
             // SAFETY: no arguments; only resets the thread's last-error state.
             unsafe { sys::cudaGetLastError() };
             return Ok(());
         }
         check(code, || {
             format!(
-                "cudaDeviceDisablePeerAccess(peer {}) on device {}",
+                "{name}(peer {}) on device {}",
                 peer.ordinal(),
                 self.ordinal()
             )
