@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 pub(crate) use self::tracker::Access;
 use self::tracker::{Backend, Tracker};
-use crate::devices::{current_ordinal, Device};
+use crate::devices::Device;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::stream::{sync_stream, Stream, StreamInner};
@@ -41,7 +41,7 @@ impl Backend for Cuda {
         // the same CUDA context").
         let event = match reuse {
             Some(e) => e,
-            None if current_ordinal() == stream.device() => Event::new()?,
+            // (The guard inside `on` switches devices only where needed.)
             None => Event::on(Device::from_ordinal_unchecked(stream.device()))?,
         };
         event.record_inner(stream)?;
