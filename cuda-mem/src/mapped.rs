@@ -220,28 +220,43 @@ impl<T: AtomicElement> MappedBuffer<T> {
     /// Element `i` as a host atomic, for flags shared with a *running* kernel: the one host
     /// access that does not wait for GPU work (a kernel that polls a flag the host sets would
     /// never let a waiting access through). Kernels read the same element through
-    /// [`device_ptr`](crate::DevicePtr::device_ptr) (volatile or atomic loads) while the host
-    /// stores here; plain host access and GPU writes need `&mut self` and so cannot overlap
-    /// it. Out of range is [`Misuse::OutOfBounds`].
+    /// [`device_ptr`](crate::DevicePtr::device_ptr) (volatile or atomic loads: the guard may be
+    /// dropped once the kernel is queued) while the host stores here. It takes `&mut self`, so
+    /// that no plain host access (`as_slice` from another thread, say) can overlap an atomic one.
+    /// Out of range is [`Misuse::OutOfBounds`].
     ///
     /// ```no_run
     /// # fn main() -> cuda_mem::Result<()> {
     /// use std::sync::atomic::Ordering;
-    /// let flag = cuda_mem::alloc_mapped::<u32>(1)?;
+    /// let mut flag = cuda_mem::alloc_mapped::<u32>(1)?;
     /// // ... launch a kernel that spins on `flag.device_ptr(&stream)?` ...
     /// flag.atomic(0)?.store(1, Ordering::Release); // the kernel sees it and finishes
     /// # Ok(()) }
     /// ```
-    pub fn atomic(&self, i: usize) -> Result<&T::Atomic> {
+    ///
+    /// Plain host access cannot overlap it (that would mix atomic and plain accesses, a data
+    /// race):
+    ///
+    /// ```compile_fail,E0502
+    /// # fn main() -> cuda_mem::Result<()> {
+    /// use std::sync::atomic::Ordering;
+    /// let mut flag = cuda_mem::alloc_mapped::<u32>(1)?;
+    /// let a = flag.atomic(0)?;
+    /// let plain = flag.as_slice()?; // error: `flag` is already borrowed as mutable
+    /// a.store(1, Ordering::Release);
+    /// # drop(plain); Ok(()) }
+    /// ```
+    pub fn atomic(&mut self, i: usize) -> Result<&T::Atomic> {
         size::range(i, 1, self.len())?;
         let p = self.host.as_ptr().wrapping_add(i).cast::<T::Atomic>();
         // SAFETY: `p` is element `i` of the live pinned allocation (in bounds, checked above),
         // aligned for `T`, whose atomic has the same size and alignment (the sealed impls above
-        // pair each integer with its std atomic). The borrow of `self` keeps the memory alive;
-        // non-atomic host access needs `&mut self` (`as_mut_slice`) and so does any GPU write
-        // through this crate, so neither overlaps this shared reference; concurrent GPU
-        // accesses are made by another agent through the device mapping, as with memory shared
-        // with another process, which atomics are the way to observe.
+        // pair each integer with its std atomic). The exclusive borrow of `self` keeps the
+        // memory alive and excludes every other host access to the buffer (plain reads through
+        // `as_slice` included) and every GPU write queued through this crate while the atomic
+        // reference lives; concurrent GPU accesses by work queued earlier (a polling kernel)
+        // are made by another agent through the device mapping, as with memory shared with
+        // another process, which atomics are the way to observe.
         Ok(unsafe { &*p })
     }
 }

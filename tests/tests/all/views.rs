@@ -184,7 +184,7 @@ fn a_foreign_stream_carries_our_work() {
 fn a_running_kernel_sees_a_mapped_flag_the_host_sets() {
     gpu_or_skip!();
     let probes = Probes::load().unwrap();
-    let flag = alloc_mapped::<u32>(4).unwrap();
+    let mut flag = alloc_mapped::<u32>(4).unwrap();
     let s = Stream::non_blocking().unwrap();
     let timeout_ns = 20_000_000_000; // the kernel gives up after 20 s
     let t = Instant::now();
