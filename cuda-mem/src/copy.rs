@@ -23,6 +23,8 @@
 //!
 //! [`RegisteredSlice`]: crate::RegisteredSlice
 
+use std::mem::size_of;
+
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
@@ -228,6 +230,36 @@ where
 /// Copies `count` elements from `src[src_offset..]` to `dst[dst_offset..]`; see [`copy`].
 /// Ranges outside either buffer are [`Misuse::OutOfBounds`](crate::Misuse::OutOfBounds).
 pub fn copy_range<T, D, S>(
+    dst: &mut D,
+    dst_offset: usize,
+    src: &S,
+    src_offset: usize,
+    count: usize,
+) -> Result<()>
+where
+    T: Pod,
+    D: MemoryMut<T> + ?Sized,
+    S: Memory<T> + ?Sized,
+{
+    if let Some(stager) = crate::staged::auto_stager(src.loc(), dst.loc(), count, size_of::<T>()) {
+        return stager.copy_range(dst, dst_offset, src, src_offset, count);
+    }
+    copy_range_driver(dst, dst_offset, src, src_offset, count)
+}
+
+/// [`copy`] by the driver's path alone (`cudaMemcpy`), never staged.
+pub(crate) fn copy_driver<T, D, S>(dst: &mut D, src: &S) -> Result<()>
+where
+    T: Pod,
+    D: MemoryMut<T> + ?Sized,
+    S: Memory<T> + ?Sized,
+{
+    size::same_len(dst.raw_len(), src.raw_len())?;
+    copy_range_driver(dst, 0, src, 0, src.raw_len())
+}
+
+/// [`copy_range`] by the driver's path alone (`cudaMemcpy`), never staged.
+pub(crate) fn copy_range_driver<T, D, S>(
     dst: &mut D,
     dst_offset: usize,
     src: &S,

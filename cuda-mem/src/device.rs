@@ -249,7 +249,7 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(())
     }
 
-    fn release(&self) -> Result<()> {
+    fn release(&mut self) -> Result<()> {
         if let Some(pooled) = &self.pooled {
             return pooled.free(self.ptr.as_ptr().cast(), self.byte_len(), &self.fence);
         }

@@ -16,6 +16,17 @@ thread_local! {
     static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };
     static FAIL_SYNCS: Cell<u32> = const { Cell::new(0) };
     static NO_CONCURRENT_MANAGED: Cell<bool> = const { Cell::new(false) };
+    static FAIL_STAGED_CHUNK: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Makes the next staged copy started on this thread fail at chunk `chunk` (its
+/// `cudaMemcpyAsync` is queued, then reported failed), as a failure midway would.
+pub fn fail_next_staged_copy_at(chunk: usize) {
+    FAIL_STAGED_CHUNK.with(|c| c.set(Some(chunk)));
+}
+
+pub(crate) fn take_staged_failure() -> Option<usize> {
+    FAIL_STAGED_CHUNK.with(Cell::take)
 }
 
 /// Makes the next `n` event records that fences make on this thread fail with

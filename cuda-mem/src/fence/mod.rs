@@ -124,6 +124,15 @@ impl Fence {
     }
 }
 
+impl Fence {
+    /// Events covering all pending work, recorded without blocking, for memory handed back to
+    /// a cache that polls them before reusing it; see [`Tracker::retire`]. On error the memory
+    /// may still be in use: leak it.
+    pub(crate) fn retire(&self) -> Result<Vec<Arc<Event>>> {
+        self.core.retire()
+    }
+}
+
 /// Work being queued on a fenced buffer, marked by [`Fence::begin`]; dropping this, after the
 /// caller queued the work (or failed to), ends its time in flight.
 #[must_use]

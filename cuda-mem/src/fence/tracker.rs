@@ -485,6 +485,29 @@ impl<B: Backend> Tracker<B> {
         Ok(())
     }
 
+    /// For memory whose owner hands it back without blocking (a pool that reuses it later):
+    /// events that together cover all pending work, recorded now, for the new owner to poll
+    /// before anyone touches the memory again. The tracker is empty afterwards. Where an event
+    /// cannot be recorded the host waits for that stream instead. On error the work may still
+    /// run: the memory must not be reused (the caller leaks it).
+    ///
+    /// Called by the memory's owner as it lets go (drop): no borrow of the memory, hence no
+    /// work being queued, can be alive, so every event covers every mark.
+    pub fn retire(&self) -> Result<Vec<Arc<B::Event>>, B::Error> {
+        let full = self.settled();
+        debug_assert!(full, "retire with work in flight");
+        let mut st = self.lock();
+        let mut events = Vec::new();
+        for e in st.entries.iter_mut().filter(|e| !e.is_idle()) {
+            match e.materialize(full) {
+                Ok(ev) => events.push(ev),
+                Err(_) => B::sync_stream(&e.stream)?,
+            }
+        }
+        st.entries.clear();
+        Ok(events)
+    }
+
     /// Whether no work is known to be pending (for tests and statistics).
     pub fn is_idle(&self) -> bool {
         self.lock().entries.iter().all(Entry::is_idle)

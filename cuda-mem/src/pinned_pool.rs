@@ -1,0 +1,595 @@
+//! A caching pool of pinned host memory: [`PinnedPool`].
+//!
+//! Pinning is expensive (`cudaHostAlloc`: microseconds for a page, 135 ms for 256 MiB on an
+//! H200 host) and freeing it too, so code that needs pinned buffers over and over (staging,
+//! per-batch uploads) should not call the driver each time. The pool keeps freed blocks in
+//! size classes and hands them out again; a cached allocation and its free cost a few hundred
+//! nanoseconds.
+//!
+//! # Rules
+//!
+//! - **Size classes**: four per power of two (4 KiB, 5 KiB, 6 KiB, 7 KiB, 8 KiB, 10 KiB, ...),
+//!   so a block is at most 25% larger than asked; 4 KiB at least.
+//! - **Flags are part of the key**: a block made MAPPED, PORTABLE or write-combined is only
+//!   handed out for a request with exactly those flags.
+//! - **Stream-aware reuse**: a buffer dropped while GPU work it took part in may still run
+//!   does not wait for it. Its fence records events for that work, and the block waits in a
+//!   pending list until they have all completed; only then can it be handed out again. (A
+//!   block is never handed straight back to the stream that used it: the pool does not know
+//!   which stream the next user will queue on.)
+//! - **A bound on cached bytes** ([`PinnedPoolConfig::max_cached_bytes`]): freed blocks
+//!   beyond it are given back to the driver, largest first. [`trim`](PinnedPool::trim) and
+//!   [`empty`](PinnedPool::empty) give back more.
+//! - **Out of memory**: the pool empties its cache and retries once; the error then says how
+//!   much was cached and in use.
+//! - **Contents**: a fresh block is zeroed; a reused one holds what its previous user left.
+//!   Both are initialised bytes, valid for any [`Pod`] type, so the allocation is safe.
+//! - Blocks are made by [`PinStrategy`] ([`PinStrategy::Auto`] by default: fast cold pinning
+//!   for large blocks); the statistics count the time spent making and freeing them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use bytemuck::Pod;
+
+use crate::error::{Error, Misuse, Result};
+use crate::event::Event;
+use crate::fence::{Access, Fence};
+use crate::pinned::{HostAllocFlags, PinnedBuffer};
+use crate::pinning::{Block, PinStrategy};
+use crate::size::{self, fmt_bytes};
+
+/// Smallest size class: one page.
+const MIN_CLASS: usize = 4096;
+
+/// The size class of a request of `bytes`: the next of four steps per power of two.
+fn class_of(bytes: usize) -> Option<usize> {
+    if bytes <= MIN_CLASS {
+        return Some(MIN_CLASS);
+    }
+    let k = usize::BITS - 1 - (bytes - 1).leading_zeros(); // 2^k <= bytes - 1 < 2^(k+1)
+    let step = 1usize << (k - 2);
+    bytes.checked_next_multiple_of(step)
+}
+
+/// A free list's key: size class and `cudaHostAlloc` flag bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    class: usize,
+    flags: u32,
+}
+
+/// How a [`PinnedPool`] behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedPoolConfig {
+    /// Most bytes kept in free (and pending) blocks; freed blocks beyond it go back to the
+    /// driver. Default 1 GiB.
+    pub max_cached_bytes: usize,
+    /// How new blocks are made. Default [`PinStrategy::Auto`].
+    pub strategy: PinStrategy,
+}
+
+impl Default for PinnedPoolConfig {
+    fn default() -> Self {
+        PinnedPoolConfig {
+            max_cached_bytes: 1 << 30,
+            strategy: PinStrategy::Auto,
+        }
+    }
+}
+
+/// A [`PinnedPool`]'s counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PinnedPoolStats {
+    /// Allocations served from the cache.
+    pub hits: u64,
+    /// Allocations that made a new block.
+    pub misses: u64,
+    /// Bytes in cached blocks: free, or waiting for GPU work (pending).
+    pub cached_bytes: usize,
+    /// Bytes in blocks handed out and not yet freed (size classes, not lengths asked for).
+    pub in_use_bytes: usize,
+    /// Blocks waiting for GPU work before they can be reused.
+    pub pending_blocks: usize,
+    /// Blocks made by the driver (`cudaHostAlloc`, or mapped and registered).
+    pub driver_allocs: u64,
+    /// Blocks given back to the driver.
+    pub driver_frees: u64,
+    /// Time spent making and freeing blocks.
+    pub driver_time: Duration,
+    /// Out-of-memory failures answered by emptying the cache and retrying.
+    pub oom_retries: u64,
+    /// Blocks leaked because the GPU work using them could not be waited for.
+    pub leaked_blocks: u64,
+}
+
+impl fmt::Display for PinnedPoolStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} cached ({} pending blocks), {} in use, {} hits, {} misses",
+            fmt_bytes(self.cached_bytes),
+            self.pending_blocks,
+            fmt_bytes(self.in_use_bytes),
+            self.hits,
+            self.misses
+        )
+    }
+}
+
+/// A block waiting for GPU work.
+struct Pending<E> {
+    key: Key,
+    block: Block,
+    events: Vec<E>,
+}
+
+/// The pool's bookkeeping, generic over the event type so that it is testable without a GPU.
+struct State<E> {
+    free: BTreeMap<Key, Vec<Block>>,
+    pending: Vec<Pending<E>>,
+    stats: PinnedPoolStats,
+}
+
+impl<E> State<E> {
+    fn new() -> Self {
+        State {
+            free: BTreeMap::new(),
+            pending: Vec::new(),
+            stats: PinnedPoolStats::default(),
+        }
+    }
+
+    /// A cached block of `key`, counted in use.
+    fn take(&mut self, key: Key) -> Option<Block> {
+        let block = self.free.get_mut(&key)?.pop()?;
+        self.stats.hits += 1;
+        self.stats.cached_bytes -= key.class;
+        self.stats.in_use_bytes += key.class;
+        Some(block)
+    }
+
+    /// Moves the pending blocks whose events have all completed to the free lists.
+    fn poll(&mut self, done: impl Fn(&E) -> bool) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            p.events.retain(|e| !done(e));
+            if p.events.is_empty() {
+                let p = self.pending.swap_remove(i);
+                self.free.entry(p.key).or_default().push(p.block);
+            } else {
+                i += 1;
+            }
+        }
+        self.stats.pending_blocks = self.pending.len();
+    }
+
+    /// Takes back a block handed out for `key`, free at once or after `events`; returns the
+    /// blocks to give back to the driver to stay within `max` cached bytes.
+    fn give_back(&mut self, key: Key, block: Block, events: Vec<E>, max: usize) -> Vec<Block> {
+        self.stats.in_use_bytes -= key.class;
+        self.stats.cached_bytes += key.class;
+        if events.is_empty() {
+            self.free.entry(key).or_default().push(block);
+        } else {
+            self.pending.push(Pending { key, block, events });
+            self.stats.pending_blocks = self.pending.len();
+        }
+        self.evict(max)
+    }
+
+    /// Free blocks to give back to the driver, largest first, until at most `keep` bytes are
+    /// cached (pending blocks cannot go yet).
+    fn evict(&mut self, keep: usize) -> Vec<Block> {
+        let mut out = Vec::new();
+        while self.stats.cached_bytes > keep {
+            let Some(mut entry) = self.free.last_entry() else {
+                break;
+            };
+            let class = entry.key().class;
+            match entry.get_mut().pop() {
+                Some(b) => {
+                    self.stats.cached_bytes -= class;
+                    out.push(b);
+                }
+                None => {
+                    entry.remove();
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A pool of pinned host blocks, cached across allocations; see the module docs. Cloning it
+/// gives another handle to the same pool; buffers keep their pool alive.
+#[derive(Clone)]
+pub struct PinnedPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State<Arc<Event>>>,
+    config: PinnedPoolConfig,
+}
+
+impl fmt::Debug for PinnedPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedPool")
+            .field("config", &self.shared.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Default for PinnedPool {
+    fn default() -> Self {
+        PinnedPool::new(PinnedPoolConfig::default())
+    }
+}
+
+impl PinnedPool {
+    /// A new, empty pool.
+    pub fn new(config: PinnedPoolConfig) -> PinnedPool {
+        PinnedPool {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::new()),
+                config,
+            }),
+        }
+    }
+
+    /// The process-wide pool with the default configuration, made on first use (staged
+    /// copies take their chunks from it).
+    pub fn global() -> &'static PinnedPool {
+        static GLOBAL: OnceLock<PinnedPool> = OnceLock::new();
+        GLOBAL.get_or_init(PinnedPool::default)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> PinnedPoolConfig {
+        self.shared.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<Arc<Event>>> {
+        // The state is consistent between statements that could panic: recover it.
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A pinned buffer of `len` elements with `flags`, from the cache where a free block of
+    /// its size class and flags is ready, else newly made. Its contents are unspecified
+    /// (zeros, or what a previous user of the block left): use [`alloc_zeroed`]
+    /// (Self::alloc_zeroed) or [`from_slice`](Self::from_slice) to set them.
+    ///
+    /// The buffer goes back to the pool on drop, without waiting for GPU work that uses it.
+    ///
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`], [`Misuse::InvalidFlags`];
+    /// out of memory after emptying the cache and one retry, with the pool's statistics.
+    pub fn alloc<T: Pod>(&self, len: usize, flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
+        const OP: &str = "PinnedPool::alloc";
+        let bytes = size::alloc_bytes::<T>(len, OP)?;
+        if HostAllocFlags::from_bits(flags.bits()).is_none() {
+            return Err(Misuse::InvalidFlags {
+                op: OP,
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        let key = Key {
+            class: class_of(bytes).ok_or(Misuse::SizeOverflow {
+                len,
+                elem_size: std::mem::size_of::<T>(),
+            })?,
+            flags: flags.bits(),
+        };
+        let block = self.take_or_make(key, flags)?;
+        // SAFETY: the block holds `key.class >= bytes` initialised bytes (see the module
+        // docs), page-aligned (so aligned for any `Pod` of alignment up to a page: checked by
+        // `from_block`), and is owned by the buffer from now on.
+        unsafe { PinnedBuffer::from_block(block, len, flags, Some((self.clone(), key.class))) }
+    }
+
+    /// [`alloc`](Self::alloc), then zero-filled.
+    pub fn alloc_zeroed<T: Pod>(
+        &self,
+        len: usize,
+        flags: HostAllocFlags,
+    ) -> Result<PinnedBuffer<T>> {
+        let mut buf = self.alloc(len, flags)?;
+        buf.as_mut_slice()?.fill(T::zeroed());
+        Ok(buf)
+    }
+
+    /// [`alloc`](Self::alloc), then `src` copied in.
+    pub fn from_slice<T: Pod>(&self, src: &[T], flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
+        let mut buf = self.alloc(src.len(), flags)?;
+        buf.as_mut_slice()?.copy_from_slice(src);
+        Ok(buf)
+    }
+
+    fn take_or_make(&self, key: Key, flags: HostAllocFlags) -> Result<Block> {
+        {
+            let mut st = self.lock();
+            if let Some(b) = st.take(key) {
+                return Ok(b);
+            }
+            if !st.pending.is_empty() {
+                st.poll(event_done);
+                if let Some(b) = st.take(key) {
+                    return Ok(b);
+                }
+            }
+            st.stats.misses += 1;
+            st.stats.in_use_bytes += key.class;
+        }
+        let strategy = self.shared.config.strategy;
+        let made = match Block::alloc(key.class, flags, strategy) {
+            Err(e) if e.is_out_of_memory() => {
+                self.lock().stats.oom_retries += 1;
+                let _ = self.empty();
+                Block::alloc(key.class, flags, strategy)
+            }
+            r => r,
+        };
+        let mut st = self.lock();
+        match made {
+            Ok((block, t)) => {
+                st.stats.driver_allocs += 1;
+                st.stats.driver_time += t;
+                Ok(block)
+            }
+            Err(e) => {
+                st.stats.in_use_bytes -= key.class;
+                Err(match e {
+                    Error::Cuda { code, call } if code.is_out_of_memory() => Error::Cuda {
+                        code,
+                        call: format!(
+                            "{call} (after emptying the pinned pool and one retry; pool: {})",
+                            st.stats
+                        ),
+                    },
+                    e => e,
+                })
+            }
+        }
+    }
+
+    /// Takes back a block of size class `class` handed out with `flags`, once the work on
+    /// `fence` is done (without blocking). On error the block is leaked.
+    pub(crate) fn give_back(
+        &self,
+        class: usize,
+        flags: HostAllocFlags,
+        block: Block,
+        fence: &Fence,
+    ) -> Result<()> {
+        let key = Key {
+            class,
+            flags: flags.bits(),
+        };
+        let events = match fence.retire() {
+            Ok(ev) => ev,
+            Err(e) => {
+                let mut st = self.lock();
+                st.stats.in_use_bytes -= class;
+                st.stats.leaked_blocks += 1;
+                return Err(e);
+            }
+        };
+        let max = self.shared.config.max_cached_bytes;
+        let evicted = self.lock().give_back(key, block, events, max);
+        self.free_blocks(evicted)
+    }
+
+    /// Gives blocks back to the driver, outside the lock; returns the first error (the block
+    /// that failed is leaked, the others are still freed).
+    fn free_blocks(&self, blocks: Vec<Block>) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let t = std::time::Instant::now();
+        let n = blocks.len() as u64;
+        let mut first = Ok(());
+        for b in blocks {
+            if let Err(e) = b.free() {
+                first = first.and(Err(e));
+            }
+        }
+        let mut st = self.lock();
+        st.stats.driver_frees += n;
+        st.stats.driver_time += t.elapsed();
+        first
+    }
+
+    /// Gives free blocks back to the driver until at most `keep` bytes are cached (blocks
+    /// still waiting for GPU work stay). Returns the bytes given back.
+    pub fn trim(&self, keep: usize) -> Result<usize> {
+        let evicted = {
+            let mut st = self.lock();
+            st.poll(event_done);
+            st.evict(keep)
+        };
+        let bytes = evicted.iter().map(Block::bytes).sum();
+        self.free_blocks(evicted).map(|()| bytes)
+    }
+
+    /// Gives every free block back to the driver; see [`trim`](Self::trim).
+    pub fn empty(&self) -> Result<usize> {
+        self.trim(0)
+    }
+
+    /// The counters, after moving blocks whose GPU work has completed to the free lists.
+    pub fn stats(&self) -> PinnedPoolStats {
+        let mut st = self.lock();
+        if !st.pending.is_empty() {
+            st.poll(event_done);
+        }
+        st.stats
+    }
+}
+
+/// Whether an event has completed; a failed query counts as not yet (the block stays
+/// pending: leaked rather than reused early).
+fn event_done(e: &Arc<Event>) -> bool {
+    e.is_complete().unwrap_or(false)
+}
+
+impl Drop for Shared {
+    /// Frees every cached block; a pending one after waiting for its events (leaked if that
+    /// wait fails). Errors are ignored: drop never panics.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (_, blocks) in std::mem::take(&mut st.free) {
+            for b in blocks {
+                let _ = b.free();
+            }
+        }
+        for p in std::mem::take(&mut st.pending) {
+            if p.events.iter().all(|e| e.synchronize().is_ok()) {
+                let _ = p.block.free();
+            }
+        }
+    }
+}
+
+/// Whose memory a [`PinnedBuffer`] made from a [`Block`] is: a pool's (with the block's size
+/// class), or its own.
+pub(crate) struct BlockOwner {
+    pub(crate) block: Block,
+    pub(crate) pool: Option<(PinnedPool, usize)>,
+}
+
+impl fmt::Debug for BlockOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.pool {
+            Some((_, class)) => write!(f, "pinned pool block of {}", fmt_bytes(*class)),
+            None if self.block.is_mapped() => write!(f, "mapped and registered"),
+            None => write!(f, "cudaHostAlloc"),
+        }
+    }
+}
+
+impl BlockOwner {
+    /// Releases the memory of a buffer with `flags` and `fence`: back to the pool without
+    /// blocking, or waited for and freed. On error the memory is leaked.
+    pub(crate) fn release(self, flags: HostAllocFlags, fence: &Fence) -> Result<()> {
+        match self.pool {
+            Some((pool, class)) => pool.give_back(class, flags, self.block, fence),
+            None => {
+                fence.host_wait(Access::Write)?;
+                self.block.free()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_four_per_power_of_two() {
+        assert_eq!(class_of(1), Some(4096));
+        assert_eq!(class_of(4096), Some(4096));
+        assert_eq!(class_of(4097), Some(5120));
+        assert_eq!(class_of(5120), Some(5120));
+        assert_eq!(class_of(7000), Some(7168));
+        assert_eq!(class_of(8192), Some(8192));
+        assert_eq!(class_of(8193), Some(10240));
+        assert_eq!(class_of(256 << 20), Some(256 << 20));
+        assert_eq!(class_of((256 << 20) + 1), Some(320 << 20));
+        assert_eq!(class_of(usize::MAX), None);
+        for b in [
+            1usize,
+            4095,
+            4097,
+            12345,
+            1 << 20,
+            (1 << 20) + 3,
+            999_999_999,
+        ] {
+            let c = class_of(b).unwrap();
+            assert!(c >= b && (c <= 4096 || c - b < c / 4 + 1), "{b} -> {c}");
+        }
+    }
+
+    fn key(class: usize) -> Key {
+        Key { class, flags: 0 }
+    }
+
+    /// A state with `n` blocks handed out of class 4096 (fake blocks: dropping one frees nothing).
+    fn handed_out(st: &mut State<u32>, n: usize) -> Vec<Block> {
+        st.stats.in_use_bytes += n * 4096;
+        (0..n).map(|_| Block::fake(4096)).collect()
+    }
+
+    #[test]
+    fn free_blocks_are_reused_and_flags_are_part_of_the_key() {
+        let mut st = State::<u32>::new();
+        let mut blocks = handed_out(&mut st, 1);
+        let b = blocks.pop().unwrap();
+        let addr = b.ptr();
+        assert!(st.give_back(key(4096), b, vec![], usize::MAX).is_empty());
+        assert_eq!(st.stats.cached_bytes, 4096);
+        let mapped = Key {
+            class: 4096,
+            flags: HostAllocFlags::MAPPED.bits(),
+        };
+        assert!(
+            st.take(mapped).is_none(),
+            "a MAPPED request gets no DEFAULT block"
+        );
+        assert!(st.take(key(8192)).is_none());
+        let again = st.take(key(4096)).unwrap();
+        assert_eq!(again.ptr(), addr);
+        assert_eq!(
+            (st.stats.hits, st.stats.cached_bytes, st.stats.in_use_bytes),
+            (1, 0, 4096)
+        );
+        let _ = again; // (a fake block: nothing to free)
+    }
+
+    #[test]
+    fn pending_blocks_wait_for_all_their_events() {
+        let mut st = State::<u32>::new();
+        let b = handed_out(&mut st, 1).pop().unwrap();
+        // Two events: 1 completes first, 2 later.
+        assert!(st
+            .give_back(key(4096), b, vec![1, 2], usize::MAX)
+            .is_empty());
+        assert!(st.take(key(4096)).is_none(), "pending: not reusable");
+        st.poll(|&e| e == 1);
+        assert!(st.take(key(4096)).is_none(), "one event still running");
+        assert_eq!(st.stats.pending_blocks, 1);
+        st.poll(|&e| e == 2);
+        assert_eq!(st.stats.pending_blocks, 0);
+        let _ = st
+            .take(key(4096))
+            .expect("reusable once all events completed");
+    }
+
+    #[test]
+    fn the_bound_evicts_free_blocks_largest_first_never_pending_ones() {
+        let mut st = State::<u32>::new();
+        st.stats.in_use_bytes += 3 * 4096 + 8192;
+        let small: Vec<Block> = (0..3).map(|_| Block::fake(4096)).collect();
+        let big = Block::fake(8192);
+        assert!(st.give_back(key(8192), big, vec![], 16384).is_empty());
+        let mut evicted = Vec::new();
+        for (i, b) in small.into_iter().enumerate() {
+            let ev = if i == 0 { vec![7] } else { vec![] };
+            evicted.extend(st.give_back(key(4096), b, ev, 12288));
+        }
+        // 8192 + 3 * 4096 = 20480 > 12288: the 8192 block goes first, then nothing more is
+        // needed (12288 left: one pending, two free).
+        assert_eq!(evicted.iter().map(Block::bytes).collect::<Vec<_>>(), [8192]);
+        assert_eq!(st.stats.cached_bytes, 12288);
+        let rest = st.evict(0);
+        assert_eq!(rest.len(), 2, "pending blocks are not evicted");
+        assert_eq!(st.stats.cached_bytes, 4096);
+        let _ = (evicted, rest); // (fake blocks: nothing to free)
+    }
+}

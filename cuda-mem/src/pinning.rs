@@ -1,0 +1,408 @@
+//! How pinned host memory is made: `cudaHostAlloc`, or fast cold pinning by mapping memory,
+//! faulting its pages in with several threads and registering it (`cudaHostRegister`).
+//!
+//! `cudaHostAlloc` faults and locks every page of a new allocation on the calling thread:
+//! about 135 ms for 256 MiB on an H200 host, 0.5 s for 1 GiB. Most of that is the kernel
+//! zeroing and mapping pages one fault at a time, which parallelizes; registering memory
+//! whose pages are already present is much cheaper. [`PinStrategy::MapRegister`] does that:
+//! `mmap` (2 MiB aligned, optionally asking for transparent huge pages), the pages populated
+//! by [`threads`](PinStrategy::MapRegister::threads) threads at once
+//! (`madvise(MADV_POPULATE_WRITE)`, or one write per page on kernels without it), then one
+//! `cudaHostRegister` of the whole range.
+//!
+//! Write-combined memory cannot be made this way: `cudaHostRegister` has no write-combined
+//! flag, and the kernel maps anonymous memory cached. Such requests are refused by
+//! `MapRegister` ([`Misuse::InvalidArgument`]) and made by `cudaHostAlloc` under
+//! [`PinStrategy::Auto`].
+
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use cuda_mem_sys as sys;
+
+use crate::error::{check, Misuse, Result};
+use crate::pinned::HostAllocFlags;
+use crate::size::fmt_bytes;
+
+/// How to make pinned host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinStrategy {
+    /// `cudaHostAlloc` with the flags asked for (every flag combination).
+    HostAlloc,
+    /// `mmap` + populate with `threads` threads + `cudaHostRegister` (PORTABLE and MAPPED
+    /// supported; write-combined refused). Freed with `cudaHostUnregister` + `munmap`.
+    MapRegister {
+        /// Threads that fault the pages in (1 or more; the caller's thread is one of them).
+        threads: usize,
+        /// Ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`): fewer, larger faults
+        /// and fewer pages to lock, where the kernel grants them.
+        huge_pages: bool,
+    },
+    /// [`MapRegister`](Self::MapRegister) with [`DEFAULT_PIN_THREADS`] threads and huge pages
+    /// for blocks of [`AUTO_MAP_REGISTER_FROM`] bytes and more that are not write-combined;
+    /// `cudaHostAlloc` otherwise.
+    Auto,
+}
+
+/// Threads that populate pages under [`PinStrategy::Auto`]. Chosen from the H200 host
+/// (16 cores) measurements in `docs/results/`: see the README's section on pinning.
+pub const DEFAULT_PIN_THREADS: usize = 8;
+
+/// Smallest block [`PinStrategy::Auto`] makes by mapping and registering: below it the
+/// threads cost more than they save.
+pub const AUTO_MAP_REGISTER_FROM: usize = 4 << 20;
+
+/// Alignment (and size granularity) of mapped blocks: one transparent huge page.
+const MAP_ALIGN: usize = 2 << 20;
+
+impl PinStrategy {
+    /// The concrete strategy for a block of `bytes` with `flags`.
+    pub(crate) fn resolve(self, bytes: usize, flags: HostAllocFlags) -> PinStrategy {
+        match self {
+            PinStrategy::Auto
+                if bytes >= AUTO_MAP_REGISTER_FROM
+                    && !flags.contains(HostAllocFlags::WRITE_COMBINED)
+                    && cfg!(target_os = "linux") =>
+            {
+                PinStrategy::MapRegister {
+                    threads: DEFAULT_PIN_THREADS,
+                    huge_pages: true,
+                }
+            }
+            PinStrategy::Auto => PinStrategy::HostAlloc,
+            s => s,
+        }
+    }
+}
+
+/// How a [`Block`] was made, which decides how it is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    HostAlloc,
+    /// `mmap` of `map_len` bytes at the block's address, registered.
+    Mapped {
+        map_len: usize,
+    },
+}
+
+/// One allocation of pinned host memory, every byte initialised (zeroed when made). Freed
+/// only by [`Block::free`]; a `Block` that is dropped instead is leaked.
+#[derive(Debug)]
+pub(crate) struct Block {
+    ptr: NonNull<u8>,
+    /// Usable bytes (what was asked for; a mapped block may have more behind it).
+    bytes: usize,
+    made: Made,
+}
+
+// SAFETY: a `Block` is an owned address range of pinned memory with no thread affinity:
+// pinned memory may be used and freed from any thread (cudaFreeHost, cudaHostUnregister and
+// munmap are process-wide), and the type gives no access to the memory by itself.
+unsafe impl Send for Block {}
+
+impl Block {
+    /// Makes `bytes` (non-zero) of pinned memory with `flags` by `strategy`, every byte
+    /// zero. Returns the time spent in the driver and the kernel too.
+    pub(crate) fn alloc(
+        bytes: usize,
+        flags: HostAllocFlags,
+        strategy: PinStrategy,
+    ) -> Result<(Block, Duration)> {
+        let t = Instant::now();
+        let block = match strategy.resolve(bytes, flags) {
+            PinStrategy::MapRegister {
+                threads,
+                huge_pages,
+            } => map_register(bytes, flags, threads, huge_pages)?,
+            _ => host_alloc(bytes, flags)?,
+        };
+        Ok((block, t.elapsed()))
+    }
+
+    /// The address.
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Usable bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// A block that is not memory at all, for the pool's bookkeeping tests: never free it.
+    #[cfg(test)]
+    pub(crate) fn fake(bytes: usize) -> Block {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static ADDRS: [u8; 64] = [0; 64];
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let i = NEXT.fetch_add(1, Ordering::Relaxed) % ADDRS.len();
+        Block {
+            ptr: NonNull::from(&ADDRS[i]),
+            bytes,
+            made: Made::HostAlloc,
+        }
+    }
+
+    /// Whether the block was made by mapping and registering.
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(self.made, Made::Mapped { .. })
+    }
+
+    /// Frees the memory. On error it is leaked (a retry could free twice, or unmap memory the
+    /// device may still reach).
+    ///
+    /// The caller must know that no GPU work still uses the block.
+    pub(crate) fn free(self) -> Result<()> {
+        let p = self.ptr.as_ptr();
+        match self.made {
+            Made::HostAlloc => {
+                // SAFETY: the block owns this cudaHostAlloc allocation; it is consumed here and
+                // never used again; the caller guarantees that no GPU work uses it.
+                check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
+                    format!("cudaFreeHost({p:p})")
+                })
+            }
+            Made::Mapped { map_len } => {
+                // SAFETY: the block registered exactly this address; nothing uses it any more.
+                check(unsafe { sys::cudaHostUnregister(p.cast()) }, || {
+                    format!("cudaHostUnregister({p:p})")
+                })?;
+                unmap(p, map_len);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn host_alloc(bytes: usize, flags: HostAllocFlags) -> Result<Block> {
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `bytes` is non-zero; flags are known bits (checked by the
+    // callers through `HostAllocFlags`).
+    let code = unsafe { sys::cudaHostAlloc(&mut raw, bytes, flags.bits()) };
+    check(code, || {
+        format!("cudaHostAlloc({}, {flags})", fmt_bytes(bytes))
+    })?;
+    let ptr = NonNull::new(raw.cast::<u8>()).ok_or(Misuse::NullPointer {
+        op: "cudaHostAlloc",
+    })?;
+    // The runtime does not promise zeroed memory: make every byte initialised.
+    // SAFETY: the allocation holds `bytes` writable bytes that nothing else uses yet.
+    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };
+    Ok(Block {
+        ptr,
+        bytes,
+        made: Made::HostAlloc,
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn map_register(_: usize, _: HostAllocFlags, _: usize, _: bool) -> Result<Block> {
+    Err(Misuse::InvalidArgument {
+        op: "PinStrategy::MapRegister",
+        reason: "mapping and registering is implemented for Linux only".into(),
+    }
+    .into())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unmap(_: *mut u8, _: usize) {}
+
+/// `munmap`; a failure (impossible for a range this module mapped) leaks the range.
+#[cfg(target_os = "linux")]
+fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: `p..p + len` is a mapping this module made and nothing refers to any more.
+    unsafe { libc::munmap(p.cast(), len) };
+}
+
+#[cfg(target_os = "linux")]
+fn map_register(
+    bytes: usize,
+    flags: HostAllocFlags,
+    threads: usize,
+    huge_pages: bool,
+) -> Result<Block> {
+    const OP: &str = "PinStrategy::MapRegister";
+    if flags.contains(HostAllocFlags::WRITE_COMBINED) {
+        return Err(Misuse::InvalidArgument {
+            op: OP,
+            reason: "write-combined memory cannot be made by mmap + cudaHostRegister \
+                     (cudaHostRegister has no write-combined flag): use PinStrategy::HostAlloc"
+                .into(),
+        }
+        .into());
+    }
+    if threads == 0 {
+        return Err(Misuse::InvalidArgument {
+            op: OP,
+            reason: "threads must be at least 1".into(),
+        }
+        .into());
+    }
+    let map_len = bytes
+        .checked_next_multiple_of(MAP_ALIGN)
+        .ok_or(Misuse::SizeOverflow {
+            len: bytes,
+            elem_size: 1,
+        })?;
+    let p = map_aligned(map_len)?;
+    if huge_pages {
+        // A hint: refusal (THP disabled) only means small pages.
+        // SAFETY: `p..p + map_len` is our private anonymous mapping.
+        unsafe { libc::madvise(p.cast(), map_len, libc::MADV_HUGEPAGE) };
+    }
+    populate(p, map_len, threads);
+    let mut reg = sys::cudaHostRegisterDefault;
+    if flags.contains(HostAllocFlags::PORTABLE) {
+        reg |= sys::cudaHostRegisterPortable;
+    }
+    if flags.contains(HostAllocFlags::MAPPED) {
+        reg |= sys::cudaHostRegisterMapped;
+    }
+    // SAFETY: `p..p + map_len` is a live, page-aligned, populated mapping that we own; flags
+    // are known bits. On failure nothing was registered and we unmap it.
+    let code = unsafe { sys::cudaHostRegister(p.cast(), map_len, reg) };
+    if let Err(e) = check(code, || {
+        format!("cudaHostRegister({}, {reg:#x})", fmt_bytes(map_len))
+    }) {
+        unmap(p, map_len);
+        return Err(e);
+    }
+    Ok(Block {
+        // `map_aligned` never returns null.
+        ptr: NonNull::new(p).ok_or(Misuse::NullPointer { op: OP })?,
+        bytes,
+        made: Made::Mapped { map_len },
+    })
+}
+
+/// A private anonymous read-write mapping of `len` bytes (a multiple of `MAP_ALIGN`) whose
+/// start is `MAP_ALIGN`-aligned, so that it can be backed by huge pages.
+#[cfg(target_os = "linux")]
+fn map_aligned(len: usize) -> Result<*mut u8> {
+    let over = len
+        .checked_add(MAP_ALIGN)
+        .ok_or(Misuse::SizeOverflow { len, elem_size: 1 })?;
+    // SAFETY: a fresh anonymous mapping: no existing memory is affected.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            over,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        let errno = std::io::Error::last_os_error();
+        return Err(Misuse::InvalidArgument {
+            op: "mmap",
+            reason: format!("mapping {} failed: {errno}", fmt_bytes(over)),
+        }
+        .into());
+    }
+    let base = raw as usize;
+    let start = base.next_multiple_of(MAP_ALIGN);
+    let (head, tail) = (start - base, base + over - (start + len));
+    // Trim the unaligned head and the tail. (Failure would only leave them mapped.)
+    if head > 0 {
+        unmap(base as *mut u8, head);
+    }
+    if tail > 0 {
+        unmap((start + len) as *mut u8, tail);
+    }
+    Ok(start as *mut u8)
+}
+
+/// Faults in every page of `p..p + len` for writing, split over `threads` threads (the
+/// calling thread takes the first share).
+#[cfg(target_os = "linux")]
+fn populate(p: *mut u8, len: usize, threads: usize) {
+    // Shares are whole huge pages, so that no two threads fault the same one.
+    let pages = len / MAP_ALIGN;
+    let threads = threads.clamp(1, pages.max(1));
+    let per = pages.div_ceil(threads) * MAP_ALIGN;
+    let base = p as usize;
+    let one = move |start: usize| {
+        let end = (start + per).min(base + len);
+        if start < end {
+            populate_range(start as *mut u8, end - start);
+        }
+    };
+    std::thread::scope(|s| {
+        for t in 1..threads {
+            s.spawn(move || one(base + t * per));
+        }
+        one(base);
+    });
+}
+
+/// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+), or one write per page where the kernel
+/// refuses it.
+#[cfg(target_os = "linux")]
+fn populate_range(p: *mut u8, len: usize) {
+    /// `MADV_POPULATE_WRITE` (not exported by `libc` for every target).
+    const MADV_POPULATE_WRITE: libc::c_int = 23;
+    // SAFETY: `p..p + len` lies inside our private anonymous mapping; populating only faults
+    // pages in (zero-filled), it changes no content.
+    if unsafe { libc::madvise(p.cast(), len, MADV_POPULATE_WRITE) } == 0 {
+        return;
+    }
+    let mut off = 0;
+    while off < len {
+        // SAFETY: inside our read-write mapping, which nothing else uses yet; writing the
+        // zero the page already holds changes nothing but faults the page in.
+        unsafe { std::ptr::write_volatile(p.add(off), 0) };
+        off += 4096;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_map_register_for_large_cached_blocks_only() {
+        let f = HostAllocFlags::DEFAULT;
+        assert_eq!(PinStrategy::Auto.resolve(4096, f), PinStrategy::HostAlloc);
+        let big = PinStrategy::Auto.resolve(AUTO_MAP_REGISTER_FROM, f);
+        assert_eq!(
+            big,
+            PinStrategy::MapRegister {
+                threads: DEFAULT_PIN_THREADS,
+                huge_pages: true
+            }
+        );
+        assert_eq!(
+            PinStrategy::Auto.resolve(1 << 30, HostAllocFlags::WRITE_COMBINED),
+            PinStrategy::HostAlloc
+        );
+        assert_eq!(
+            PinStrategy::HostAlloc.resolve(1 << 30, f),
+            PinStrategy::HostAlloc
+        );
+    }
+
+    #[test]
+    fn map_register_refuses_write_combined_and_zero_threads() {
+        let wc = map_register(1 << 20, HostAllocFlags::WRITE_COMBINED, 4, false).unwrap_err();
+        assert!(wc.to_string().contains("write-combined"), "{wc}");
+        let zero = map_register(1 << 20, HostAllocFlags::DEFAULT, 0, false).unwrap_err();
+        assert!(zero.to_string().contains("threads"), "{zero}");
+    }
+
+    #[test]
+    fn populate_faults_every_page_of_an_aligned_mapping() {
+        // No CUDA here: map, populate with several threads, check the contents, unmap.
+        let len = 3 * MAP_ALIGN;
+        let p = map_aligned(len).unwrap();
+        assert_eq!(p as usize % MAP_ALIGN, 0);
+        populate(p, len, 4);
+        // SAFETY: the mapping is ours, `len` bytes, zero-filled by the kernel.
+        let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
+        assert!(s.iter().all(|&b| b == 0));
+        s[len - 1] = 7;
+        assert_eq!(s[len - 1], 7);
+        unmap(p, len);
+    }
+}
