@@ -11,6 +11,7 @@ mod device;
 mod differential;
 mod errors;
 mod faults;
+mod host_speed;
 mod leaks;
 mod managed;
 mod mapped;
