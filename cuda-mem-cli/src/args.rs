@@ -105,6 +105,12 @@ pub struct BenchArgs {
     /// Thresholds of the comparison.
     #[command(flatten)]
     pub thresholds: Thresholds,
+    /// Run only these sections, comma-separated: copies, bidir, kernels, alloc, pools, calls,
+    /// host, multi (default: all).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = [
+        "copies", "bidir", "kernels", "alloc", "pools", "calls", "host", "multi"
+    ])]
+    pub sections: Option<Vec<String>>,
 }
 
 impl Default for BenchArgs {
@@ -121,6 +127,7 @@ impl Default for BenchArgs {
                 noise_threshold: 2.0,
                 fail_on_regression: false,
             },
+            sections: None,
         }
     }
 }
@@ -305,6 +312,7 @@ mod tests {
                     noise_threshold: 5.0,
                     fail_on_regression: true
                 },
+                sections: None,
             })
         );
         let Command::Compare(c) = p(&["compare", "a.json", "b.json"]).unwrap() else {

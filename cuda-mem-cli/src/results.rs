@@ -232,6 +232,30 @@ pub struct BenchResults {
     pub multi: Vec<MultiRow>,
     /// Copies both ways at once (`bench::bidir`).
     pub bidir: Vec<BidirRow>,
+    /// Host-side speed: pinned pool, cold pinning, staged copies (`bench::host`).
+    pub host: Vec<HostRow>,
+}
+
+/// One host-side figure (`bench::host`) beside its reference from the same run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRow {
+    /// `memcpy`, `pool`, `pool_threads`, `host_pool_vs_pinned_pool`, `cold_pin`,
+    /// `cold_pin_free`, `cold_pin_copy`, `staged_h2d`, `staged_d2h`, `staged_sweep_h2d`,
+    /// `staged_sweep_d2h`.
+    pub test: &'static str,
+    /// The configuration measured, e.g. `threads=8 huge=true`.
+    pub config: String,
+    /// Bytes per operation.
+    pub bytes: u64,
+    /// `GB/s`, `us` or `ms`.
+    pub unit: &'static str,
+    /// Ours (median, or the percentile the configuration names).
+    pub ours: f64,
+    /// The reference (the driver's path, `cudaHostAlloc`, one thread; see `bench::host`).
+    pub reference: f64,
+    /// Speed of ours relative to the reference (> 1: ours is faster); NaN where there is
+    /// no reference.
+    pub ratio: f64,
 }
 
 /// Host-to-device and device-to-host copies of pinned memory at once, on two streams.
@@ -465,6 +489,15 @@ pub mod sample {
                 raw_gbps: 91.9,
                 ratio: 0.9956,
                 spread: (91.0, 91.8),
+            }],
+            host: vec![HostRow {
+                test: "staged_h2d",
+                config: "default".into(),
+                bytes: 256 << 20,
+                unit: "GB/s",
+                ours: 30.5,
+                reference: 8.3,
+                ratio: 3.67,
             }],
         }
     }

@@ -137,3 +137,12 @@ pub fn alloc_mapped_uva_with<T: Pod>(
         "alloc_mapped_uva",
     )
 }
+
+/// The host copy a staged copy uses for its chunks (non-temporal stores with `nt`, where the
+/// CPU has AVX2), for `cuda-mem bench` to measure the host memcpy ceiling with it.
+/// `dst` and `src` must have the same length (the shorter one bounds the copy).
+pub fn host_copy(dst: &mut [u8], src: &[u8], nt: bool) {
+    let len = dst.len().min(src.len());
+    // SAFETY: both ranges are `len` bytes of distinct slices (a `&mut` cannot alias a `&`).
+    unsafe { crate::staged::host_copy(dst.as_mut_ptr(), src.as_ptr(), len, nt) };
+}

@@ -13,6 +13,7 @@ mod alloc;
 mod bidir;
 mod calls;
 mod copies;
+mod host;
 mod kernels;
 mod multi;
 mod pools;
@@ -362,24 +363,49 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         seconds: 0.0,
         multi: Vec::new(),
         bidir: Vec::new(),
+        host: Vec::new(),
     };
-    bar::stage("copies", 6);
-    copies::run(&ctx, &cfg, &mut res)?;
-    let plan = bidir::sizes(&cfg);
-    bar::stage("both ways", plan.len() as u64);
-    let r = bidir::run(&ctx, &cfg, &plan, &mut res);
-    attempt(&mut res, &["pinned"], "bidirectional", r)?;
-    bar::stage("kernels", 4);
-    kernels::run(&ctx, &cfg, &mut res)?;
-    bar::stage("alloc", cfg.alloc_plan.len() as u64);
-    alloc::run(&ctx, &cfg, &mut res)?;
-    bar::stage("pools", cfg.alloc_plan.len() as u64 + 1);
-    pools::run(&ctx, &cfg, &mut res)?;
-    bar::stage("calls", 6);
-    let r = calls::run(&ctx, &cfg, &mut res);
-    attempt(&mut res, &["calls"], "calls", r)?;
-    bar::stage("two GPUs", 1);
-    multi::run(&cfg, &mut res)?;
+    let on = |name: &str| {
+        args.sections
+            .as_ref()
+            .is_none_or(|v| v.iter().any(|s| s == name))
+    };
+    if on("copies") {
+        bar::stage("copies", 6);
+        copies::run(&ctx, &cfg, &mut res)?;
+    }
+    if on("bidir") {
+        let plan = bidir::sizes(&cfg);
+        bar::stage("both ways", plan.len() as u64);
+        let r = bidir::run(&ctx, &cfg, &plan, &mut res);
+        attempt(&mut res, &["pinned"], "bidirectional", r)?;
+    }
+    if on("kernels") {
+        bar::stage("kernels", 4);
+        kernels::run(&ctx, &cfg, &mut res)?;
+    }
+    if on("alloc") {
+        bar::stage("alloc", cfg.alloc_plan.len() as u64);
+        alloc::run(&ctx, &cfg, &mut res)?;
+    }
+    if on("pools") {
+        bar::stage("pools", cfg.alloc_plan.len() as u64 + 1);
+        pools::run(&ctx, &cfg, &mut res)?;
+    }
+    if on("calls") {
+        bar::stage("calls", 6);
+        let r = calls::run(&ctx, &cfg, &mut res);
+        attempt(&mut res, &["calls"], "calls", r)?;
+    }
+    if on("host") {
+        bar::stage("host side", 5);
+        let r = host::run(&ctx, &cfg, &mut res);
+        attempt(&mut res, &["host"], "host", r)?;
+    }
+    if on("multi") {
+        bar::stage("two GPUs", 1);
+        multi::run(&cfg, &mut res)?;
+    }
     bar::done();
     res.seconds = t0.elapsed().as_secs_f64();
     progress(&format!("done in {:.1} s", res.seconds));

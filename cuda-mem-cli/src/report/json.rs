@@ -259,6 +259,22 @@ pub struct MultiJson {
     pub ours_q3: Option<f64>,
 }
 
+/// A host-side row (pinned pool, cold pinning, staged copies).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostJson {
+    pub test: String,
+    pub config: String,
+    pub bytes: u64,
+    pub unit: String,
+    #[serde(with = "num")]
+    pub ours: f64,
+    #[serde(with = "num")]
+    pub reference: f64,
+    #[serde(with = "num")]
+    pub ratio: f64,
+}
+
 /// One data check.
 #[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -309,6 +325,8 @@ pub struct BenchJson {
     pub calls: Vec<CallJson>,
     #[serde(default)]
     pub multi_gpu: Vec<MultiJson>,
+    #[serde(default)]
+    pub host: Vec<HostJson>,
     pub verified: VerifiedJson,
     pub errors: Vec<ErrorJson>,
     #[serde(with = "num")]
@@ -533,6 +551,19 @@ pub fn bench_json(r: &BenchResults) -> BenchJson {
                 }
             })
             .collect(),
+        host: r
+            .host
+            .iter()
+            .map(|h| HostJson {
+                test: h.test.into(),
+                config: h.config.clone(),
+                bytes: h.bytes,
+                unit: h.unit.into(),
+                ours: round(h.ours, 4),
+                reference: round(h.reference, 4),
+                ratio: round(h.ratio, 4),
+            })
+            .collect(),
         verified: VerifiedJson {
             ok: r.all_verified(),
             passed: r.checks.len() as u64 - failed,
@@ -615,11 +646,14 @@ mod tests {
                 "alloc",
                 "calls",
                 "multi_gpu",
+                "host",
                 "verified",
                 "errors",
                 "seconds"
             ]
         );
+        assert_eq!(v["host"][0]["test"], "staged_h2d");
+        assert_eq!(v["host"][0]["ratio"], 3.67);
         assert_eq!(v["tool"], "cuda-mem bench");
         assert_eq!(v["schema"], 2);
         let c = &v["copies"][0];

@@ -395,6 +395,43 @@ pub fn bench_table(r: &BenchResults) -> String {
         out.push_str(&grid(&rows));
     }
 
+    // Host side.
+    if !r.host.is_empty() {
+        out.push_str(
+            "\nHost side: pinned pool, cold pinning, staged pageable copies (reference: \
+             memcpy on one thread, cudaHostAlloc + cudaFreeHost, cudaHostAlloc, the driver's \
+             pageable cudaMemcpy; ratio = speed of ours / reference)\n",
+        );
+        let mut rows = vec![vec![
+            "test".to_string(),
+            "configuration".into(),
+            "size".into(),
+            "unit".into(),
+            "ours".into(),
+            "reference".into(),
+            "ratio".into(),
+        ]];
+        let num = |x: f64| {
+            if x.is_finite() {
+                format!("{x:.3}")
+            } else {
+                "-".into()
+            }
+        };
+        for h in &r.host {
+            rows.push(vec![
+                h.test.to_string(),
+                h.config.clone(),
+                fmt_size(h.bytes),
+                h.unit.to_string(),
+                num(h.ours),
+                num(h.reference),
+                num(h.ratio),
+            ]);
+        }
+        out.push_str(&grid(&rows));
+    }
+
     // Checks and errors.
     let passed = r.checks.iter().filter(|c| c.ok).count();
     out.push_str(&format!(

@@ -1,0 +1,501 @@
+//! Host-side speed (issue 10), each figure beside its reference measured in the same run:
+//!
+//! - `memcpy`: host memcpy bandwidth (256 MiB) on 1 thread and on every core, with ordinary
+//!   and with non-temporal stores: the physical ceiling of any staged copy.
+//! - `staged`: pageable `Vec` to device and back through [`Stager`] against the driver's path
+//!   (`cudaMemcpy` from the same `Vec`), at every copy size; ratio = driver time / ours.
+//! - `staged_sweep`: the stager at 256 MiB over threads × chunk size × depth × store kind,
+//!   against the driver, to choose the defaults.
+//! - `pool`: [`PinnedPool`] allocation + free (cached), median and p99 on one thread, and the
+//!   per-pair time with 2–16 threads at once; reference `cudaHostAlloc` + `cudaFreeHost`.
+//! - `host_pool`: pinned memory from a host-location `MemPool` (issue 11), alloc + free +
+//!   synchronize, for comparison with the pinned pool.
+//! - `cold_pin`: making a pinned buffer of 256 MiB and 1 GiB: `cudaHostAlloc` (reference)
+//!   against mmap + threaded populate + `cudaHostRegister` at 1–16 threads, with and without
+//!   huge pages; the free is reported separately. `cold_pin_copy`: copy bandwidth from such a
+//!   buffer against `cudaHostAlloc` memory.
+//!
+//! Times are host wall clock. GB = 1e9 bytes.
+
+use std::os::raw::c_void;
+use std::time::Instant;
+
+use cuda_mem::{
+    copy, copy_async, set_auto_staging, sys, DeviceBuffer, HostAllocFlags, MemPool, PinStrategy,
+    PinnedBuffer, PinnedPool, PinnedPoolConfig, Result, Slice as _, Stager, StagingConfig, Stream,
+};
+
+use super::{progress, raw, Config, Ctx};
+use crate::results::{BenchResults, Check, HostRow};
+use crate::units::{fmt_size, gbps, median, GIB, MIB};
+
+fn row(
+    res: &mut BenchResults,
+    test: &'static str,
+    config: String,
+    bytes: u64,
+    unit: &'static str,
+    [ours, reference, ratio]: [f64; 3],
+) {
+    progress(&format!(
+        "  {test} {config} {}: {ours:.3} {unit} (reference {reference:.3}, ratio {ratio:.3})",
+        fmt_size(bytes)
+    ));
+    res.host.push(HostRow {
+        test,
+        config,
+        bytes,
+        unit,
+        ours,
+        reference,
+        ratio,
+    });
+}
+
+/// Runs the section.
+pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    memcpy_ceiling(res, cores);
+    pool(res, cfg)?;
+    host_pool(ctx, res, cfg)?;
+    cold_pin(res, cfg)?;
+    staged(res, cfg, cores)?;
+    Ok(())
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Host memcpy of `bytes` split over `threads` threads (wall clock, median of `samples`).
+fn memcpy_gbps(src: &[u8], dst: &mut [u8], threads: usize, nt: bool, samples: u32) -> f64 {
+    let bytes = src.len();
+    let per = bytes.div_ceil(threads);
+    let mut t = Vec::new();
+    for _ in 0..=samples {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for (d, sr) in dst.chunks_mut(per).zip(src.chunks(per)) {
+                s.spawn(move || {
+                    if nt {
+                        cuda_mem::testing::host_copy(d, sr, true);
+                    } else {
+                        d.copy_from_slice(sr);
+                    }
+                });
+            }
+        });
+        t.push(start.elapsed().as_secs_f64());
+    }
+    gbps(bytes as u64, median(&t[1..]))
+}
+
+fn memcpy_ceiling(res: &mut BenchResults, cores: usize) {
+    progress("host memcpy ceiling");
+    let bytes = 256 * MIB as usize;
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let one = memcpy_gbps(&src, &mut dst, 1, false, 5);
+    for (threads, nt) in [
+        (1, false),
+        (1, true),
+        (4, false),
+        (8, false),
+        (cores, false),
+        (cores, true),
+    ] {
+        let g = memcpy_gbps(&src, &mut dst, threads, nt, 5);
+        let cfg = format!("threads={threads} {}", if nt { "nt" } else { "std" });
+        row(res, "memcpy", cfg, bytes as u64, "GB/s", [g, one, g / one]);
+    }
+}
+
+fn pool(res: &mut BenchResults, cfg: &Config) -> Result<()> {
+    progress("pinned pool: cached alloc + free");
+    let pool = PinnedPool::new(PinnedPoolConfig::default());
+    let sizes: &[u64] = if cfg.quick {
+        &[4096, MIB]
+    } else {
+        &[4096, 64 * 1024, MIB, 16 * MIB]
+    };
+    for &bytes in sizes {
+        let b = bytes as usize;
+        drop(pool.alloc::<u8>(b, HostAllocFlags::DEFAULT)?); // the miss
+        let n = 20_000;
+        let mut t = Vec::with_capacity(n);
+        for _ in 0..n {
+            let s = Instant::now();
+            let buf = pool.alloc::<u8>(b, HostAllocFlags::DEFAULT)?;
+            drop(buf);
+            t.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+        // Reference: cudaHostAlloc + cudaFreeHost (few pairs: each is slow).
+        let reps = if bytes >= 16 * MIB { 3 } else { 21 };
+        let mut r = Vec::new();
+        for _ in 0..reps {
+            let s = Instant::now();
+            raw::alloc_free("pinned", b)?;
+            r.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+        let (med, p99, rmed) = (median(&t), percentile(&t, 0.99), median(&r));
+        row(
+            res,
+            "pool",
+            "threads=1 median".into(),
+            bytes,
+            "us",
+            [med, rmed, rmed / med],
+        );
+        row(
+            res,
+            "pool",
+            "threads=1 p99".into(),
+            bytes,
+            "us",
+            [p99, rmed, rmed / p99],
+        );
+    }
+    for threads in [2usize, 4, 8, 16] {
+        let n = 20_000;
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    for _ in 0..n {
+                        let _ = pool.alloc::<u8>(4096, HostAllocFlags::DEFAULT);
+                    }
+                });
+            }
+        });
+        let per = start.elapsed().as_secs_f64() * 1e6 / n as f64; // µs per pair per thread
+        let one = res
+            .host
+            .iter()
+            .find(|h| h.test == "pool" && h.bytes == 4096 && h.config == "threads=1 median")
+            .map_or(f64::NAN, |h| h.ours);
+        row(
+            res,
+            "pool_threads",
+            format!("threads={threads}"),
+            4096,
+            "us",
+            [per, one, one / per],
+        );
+    }
+    let st = pool.stats();
+    progress(&format!(
+        "  pool stats: {st} ({:?} in the driver)",
+        st.driver_time
+    ));
+    Ok(())
+}
+
+fn host_pool(ctx: &Ctx, res: &mut BenchResults, cfg: &Config) -> Result<()> {
+    progress("host-location MemPool: alloc + free + synchronize");
+    let pool = match MemPool::host(ctx.device) {
+        Ok(p) => p,
+        Err(e) => {
+            progress(&format!("  host pool unavailable: {e}"));
+            return Ok(());
+        }
+    };
+    pool.set_release_threshold(u64::MAX)?;
+    let pinned = PinnedPool::new(PinnedPoolConfig::default());
+    let s = Stream::non_blocking()?;
+    let sizes: &[u64] = if cfg.quick {
+        &[4096]
+    } else {
+        &[4096, MIB, 16 * MIB]
+    };
+    for &bytes in sizes {
+        let b = bytes as usize;
+        let n = 2000;
+        let mut t = Vec::new();
+        let mut p = Vec::new();
+        drop(pinned.alloc::<u8>(b, HostAllocFlags::DEFAULT)?);
+        for _ in 0..n {
+            let st = Instant::now();
+            // SAFETY: never read: allocated and dropped at once.
+            drop(unsafe { PinnedBuffer::<u8>::uninit_from_pool(&pool, b, &s)? });
+            s.synchronize()?;
+            t.push(st.elapsed().as_secs_f64() * 1e6);
+            let st = Instant::now();
+            drop(pinned.alloc::<u8>(b, HostAllocFlags::DEFAULT)?);
+            p.push(st.elapsed().as_secs_f64() * 1e6);
+        }
+        let (h, q) = (median(&t), median(&p));
+        row(
+            res,
+            "host_pool_vs_pinned_pool",
+            "median".into(),
+            bytes,
+            "us",
+            [h, q, q / h],
+        );
+    }
+    Ok(())
+}
+
+fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
+    let sizes: &[u64] = if cfg.quick {
+        &[256 * MIB]
+    } else {
+        &[256 * MIB, GIB]
+    };
+    let s = Stream::non_blocking()?;
+    for &bytes in sizes {
+        let b = bytes as usize;
+        progress(&format!("cold pinning {}", fmt_size(bytes)));
+        let reps = 3;
+        let mut host_alloc = Vec::new();
+        for _ in 0..reps {
+            let t = Instant::now();
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            let code = unsafe { sys::cudaHostAlloc(&mut p, b, 0) };
+            raw::check(code, || "cudaHostAlloc".into())?;
+            host_alloc.push(t.elapsed().as_secs_f64() * 1e3);
+            // SAFETY: allocated above, unused.
+            raw::check(unsafe { sys::cudaFreeHost(p) }, || "cudaFreeHost".into())?;
+        }
+        let reference = median(&host_alloc);
+        let thread_counts: &[usize] = if cfg.quick {
+            &[8, 16]
+        } else {
+            &[1, 2, 4, 8, 12, 16]
+        };
+        for huge in [false, true] {
+            for &threads in thread_counts {
+                let strategy = PinStrategy::MapRegister {
+                    threads,
+                    huge_pages: huge,
+                };
+                let (mut a, mut f) = (Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    let buf =
+                        PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
+                    a.push(t.elapsed().as_secs_f64() * 1e3);
+                    let t = Instant::now();
+                    buf.free()?;
+                    f.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                let ours = median(&a);
+                let cfg_s = format!("threads={threads} huge={huge}");
+                row(
+                    res,
+                    "cold_pin",
+                    cfg_s.clone(),
+                    bytes,
+                    "ms",
+                    [ours, reference, reference / ours],
+                );
+                row(
+                    res,
+                    "cold_pin_free",
+                    cfg_s,
+                    bytes,
+                    "ms",
+                    [median(&f), f64::NAN, f64::NAN],
+                );
+            }
+        }
+        // Copy bandwidth from a mapped-and-registered buffer against cudaHostAlloc memory.
+        let strategy = PinStrategy::Auto;
+        let mut ours = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
+        let mut theirs = PinnedBuffer::<u8>::zeroed(b, HostAllocFlags::DEFAULT)?;
+        ours.as_mut_slice()?.fill(3);
+        theirs.as_mut_slice()?.fill(3);
+        let mut dev = DeviceBuffer::<u8>::uninit(b)?;
+        let (mut o, mut r) = (Vec::new(), Vec::new());
+        for i in 0..8 {
+            let t = Instant::now();
+            copy_async(&mut dev, &ours, &s)?;
+            s.synchronize()?;
+            let to = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            copy_async(&mut dev, &theirs, &s)?;
+            s.synchronize()?;
+            let tr = t.elapsed().as_secs_f64();
+            if i > 0 {
+                o.push(gbps(bytes, to));
+                r.push(gbps(bytes, tr));
+            }
+        }
+        let (go, gr) = (median(&o), median(&r));
+        row(
+            res,
+            "cold_pin_copy",
+            "auto h2d".into(),
+            bytes,
+            "GB/s",
+            [go, gr, go / gr],
+        );
+    }
+    Ok(())
+}
+
+/// Wall-clock seconds of one synchronous copy, median of `samples` after one warm-up.
+fn time_copy(samples: u32, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    op()?;
+    let mut t = Vec::new();
+    for _ in 0..samples {
+        let s = Instant::now();
+        op()?;
+        t.push(s.elapsed().as_secs_f64());
+    }
+    Ok(median(&t))
+}
+
+fn staged(res: &mut BenchResults, cfg: &Config, cores: usize) -> Result<()> {
+    let max = cfg
+        .sizes
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(GIB)
+        .max(256 * MIB) as usize;
+    let src: Vec<u8> = (0..max).map(|i| (i * 13 + i / 4099) as u8).collect();
+    let mut back = vec![0u8; max];
+    let mut dev = DeviceBuffer::<u8>::uninit(max)?;
+    let pool = PinnedPool::new(PinnedPoolConfig::default());
+    // The sweep: threads × chunk × depth × stores, at 256 MiB.
+    let n = 256 * MIB as usize;
+    progress("staged copies: parameter sweep at 256 MiB");
+    set_auto_staging(false);
+    let samples = 3;
+    let d_h2d = time_copy(samples, || copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
+    let d_d2h = time_copy(samples, || copy(&mut back[..n], &dev.slice(..n)?))?;
+    let mut threads: Vec<usize> = [4, 8, 12, 16].into_iter().filter(|&t| t <= cores).collect();
+    if !threads.contains(&cores) {
+        threads.push(cores);
+    }
+    let mut configs = Vec::new();
+    for &t in &threads {
+        for chunk in [2usize, 4, 8, 16] {
+            configs.push((t, chunk << 20, 2, true));
+        }
+    }
+    configs.push((cores, 8 << 20, 3, true));
+    configs.push((cores, 4 << 20, 3, true));
+    configs.push((cores, 8 << 20, 2, false));
+    if cfg.quick {
+        configs.retain(|c| c.0 == cores);
+    }
+    for (t, chunk, depth, nt) in configs {
+        let st = Stager::new(
+            StagingConfig {
+                threads: t,
+                chunk_bytes: chunk,
+                depth,
+                min_bytes: 0,
+                nt_stores: nt,
+            },
+            pool.clone(),
+        )?;
+        let h = time_copy(samples, || st.copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
+        let d = time_copy(samples, || st.copy(&mut back[..n], &dev.slice(..n)?))?;
+        let c = format!(
+            "threads={t} chunk={} depth={depth} nt={nt}",
+            fmt_size(chunk as u64)
+        );
+        let (hg, dg) = (gbps(n as u64, h), gbps(n as u64, d));
+        row(
+            res,
+            "staged_sweep_h2d",
+            c.clone(),
+            n as u64,
+            "GB/s",
+            [hg, gbps(n as u64, d_h2d), d_h2d / h],
+        );
+        row(
+            res,
+            "staged_sweep_d2h",
+            c,
+            n as u64,
+            "GB/s",
+            [dg, gbps(n as u64, d_d2h), d_d2h / d],
+        );
+    }
+    // Every size, the default configuration against the driver.
+    let st = Stager::new(
+        StagingConfig {
+            min_bytes: 0,
+            ..StagingConfig::default()
+        },
+        pool.clone(),
+    )?;
+    let dflt = StagingConfig::default();
+    progress(&format!("staged copies, default configuration {dflt:?}"));
+    for &bytes in &cfg.sizes {
+        let b = bytes as usize;
+        let samples = if bytes >= 256 * MIB {
+            5
+        } else {
+            cfg.samples.max(5)
+        };
+        let reps = ((64 * MIB) / bytes).clamp(1, 200) as u32;
+        let rep = |f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+            for _ in 0..reps {
+                f()?;
+            }
+            Ok(())
+        };
+        let (mut h, mut hd, mut d, mut dd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..=samples {
+            let t = Instant::now();
+            rep(&mut || st.copy(&mut dev.slice_mut(..b)?, &src[..b]))?;
+            let a = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            rep(&mut || copy(&mut dev.slice_mut(..b)?, &src[..b]))?;
+            let a2 = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            rep(&mut || st.copy(&mut back[..b], &dev.slice(..b)?))?;
+            let c = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            rep(&mut || copy(&mut back[..b], &dev.slice(..b)?))?;
+            let c2 = t.elapsed().as_secs_f64();
+            if i > 0 {
+                h.push(a / reps as f64);
+                hd.push(a2 / reps as f64);
+                d.push(c / reps as f64);
+                dd.push(c2 / reps as f64);
+            }
+        }
+        let ratios = |o: &[f64], r: &[f64]| {
+            let v: Vec<f64> = o.iter().zip(r).map(|(o, r)| r / o).collect();
+            median(&v)
+        };
+        let (mh, mhd, md, mdd) = (median(&h), median(&hd), median(&d), median(&dd));
+        row(
+            res,
+            "staged_h2d",
+            "default".into(),
+            bytes,
+            "GB/s",
+            [gbps(bytes, mh), gbps(bytes, mhd), ratios(&h, &hd)],
+        );
+        row(
+            res,
+            "staged_d2h",
+            "default".into(),
+            bytes,
+            "GB/s",
+            [gbps(bytes, md), gbps(bytes, mdd), ratios(&d, &dd)],
+        );
+    }
+    set_auto_staging(true);
+    // Data check of the staged path at the largest size.
+    st.copy(&mut dev, &src)?;
+    back.fill(0);
+    st.copy(&mut back, &dev)?;
+    res.checks.push(Check {
+        what: format!("staged round trip, {}", fmt_size(max as u64)),
+        bytes: max as u64,
+        ok: back == src,
+        detail: None,
+    });
+    Ok(())
+}
