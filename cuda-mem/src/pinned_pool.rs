@@ -29,6 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -126,11 +127,27 @@ struct Pending<E> {
     events: Vec<E>,
 }
 
-/// The pool's bookkeeping, generic over the event type so that it is testable without a GPU.
+/// One shard's counters. Byte counts are signed: a block taken from one shard may come back
+/// to another; only the sum over the shards means anything.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    hits: u64,
+    misses: u64,
+    cached: i64,
+    in_use: i64,
+    driver_allocs: u64,
+    driver_frees: u64,
+    driver_time: Duration,
+    oom_retries: u64,
+    leaked: u64,
+}
+
+/// One shard's bookkeeping, generic over the event type so that it is testable without a
+/// GPU.
 struct State<E> {
     free: BTreeMap<Key, Vec<Block>>,
     pending: Vec<Pending<E>>,
-    stats: PinnedPoolStats,
+    c: Counters,
 }
 
 impl<E> State<E> {
@@ -138,16 +155,16 @@ impl<E> State<E> {
         State {
             free: BTreeMap::new(),
             pending: Vec::new(),
-            stats: PinnedPoolStats::default(),
+            c: Counters::default(),
         }
     }
 
     /// A cached block of `key`, counted in use.
     fn take(&mut self, key: Key) -> Option<Block> {
         let block = self.free.get_mut(&key)?.pop()?;
-        self.stats.hits += 1;
-        self.stats.cached_bytes -= key.class;
-        self.stats.in_use_bytes += key.class;
+        self.c.hits += 1;
+        self.c.cached -= key.class as i64;
+        self.c.in_use += key.class as i64;
         Some(block)
     }
 
@@ -164,35 +181,32 @@ impl<E> State<E> {
                 i += 1;
             }
         }
-        self.stats.pending_blocks = self.pending.len();
     }
 
-    /// Takes back a block handed out for `key`, free at once or after `events`; returns the
-    /// blocks to give back to the driver to stay within `max` cached bytes.
-    fn give_back(&mut self, key: Key, block: Block, events: Vec<E>, max: usize) -> Vec<Block> {
-        self.stats.in_use_bytes -= key.class;
-        self.stats.cached_bytes += key.class;
+    /// Takes back a block handed out for `key`: free at once, or once `events` completed.
+    fn give_back(&mut self, key: Key, block: Block, events: Vec<E>) {
+        self.c.in_use -= key.class as i64;
+        self.c.cached += key.class as i64;
         if events.is_empty() {
             self.free.entry(key).or_default().push(block);
         } else {
             self.pending.push(Pending { key, block, events });
-            self.stats.pending_blocks = self.pending.len();
         }
-        self.evict(max)
     }
 
-    /// Free blocks to give back to the driver, largest first, until at most `keep` bytes are
-    /// cached (pending blocks cannot go yet).
-    fn evict(&mut self, keep: usize) -> Vec<Block> {
-        let mut out = Vec::new();
-        while self.stats.cached_bytes > keep {
+    /// Free blocks to give back to the driver, largest first, until they add up to `excess`
+    /// bytes or none is left (pending blocks cannot go yet). Returns them and their bytes.
+    fn evict(&mut self, excess: usize) -> (Vec<Block>, usize) {
+        let (mut out, mut bytes) = (Vec::new(), 0);
+        while bytes < excess {
             let Some(mut entry) = self.free.last_entry() else {
                 break;
             };
             let class = entry.key().class;
             match entry.get_mut().pop() {
                 Some(b) => {
-                    self.stats.cached_bytes -= class;
+                    self.c.cached -= class as i64;
+                    bytes += class;
                     out.push(b);
                 }
                 None => {
@@ -200,19 +214,26 @@ impl<E> State<E> {
                 }
             }
         }
-        out
+        (out, bytes)
     }
 }
 
 /// A pool of pinned host blocks, cached across allocations; see the module docs. Cloning it
 /// gives another handle to the same pool; buffers keep their pool alive.
+///
+/// The cache is split into shards, one per group of threads, each behind its own lock, so
+/// that threads allocating at once do not queue on one lock: a thread takes and returns
+/// blocks through its own shard, and looks into the others only when its own has no block
+/// of the class it needs.
 #[derive(Clone)]
 pub struct PinnedPool {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    state: Mutex<State<Arc<Event>>>,
+    shards: Box<[Mutex<State<Arc<Event>>>]>,
+    /// Bytes cached over all shards, for the bound.
+    cached: AtomicUsize,
     config: PinnedPoolConfig,
 }
 
@@ -231,12 +252,25 @@ impl Default for PinnedPool {
     }
 }
 
+/// This thread's shard index (before the modulo), handed out round robin.
+fn thread_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    MINE.with(|m| *m)
+}
+
 impl PinnedPool {
     /// A new, empty pool.
     pub fn new(config: PinnedPoolConfig) -> PinnedPool {
+        let n = std::thread::available_parallelism()
+            .map_or(4, |n| n.get())
+            .clamp(1, 64);
         PinnedPool {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::new()),
+                shards: (0..n).map(|_| Mutex::new(State::new())).collect(),
+                cached: AtomicUsize::new(0),
                 config,
             }),
         }
@@ -254,15 +288,21 @@ impl PinnedPool {
         self.shared.config
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<Arc<Event>>> {
+    fn lock(&self, shard: usize) -> MutexGuard<'_, State<Arc<Event>>> {
         // The state is consistent between statements that could panic: recover it.
-        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.shards[shard]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mine(&self) -> usize {
+        thread_shard() % self.shared.shards.len()
     }
 
     /// A pinned buffer of `len` elements with `flags`, from the cache where a free block of
     /// its size class and flags is ready, else newly made. Its contents are unspecified
-    /// (zeros, or what a previous user of the block left): use [`alloc_zeroed`]
-    /// (Self::alloc_zeroed) or [`from_slice`](Self::from_slice) to set them.
+    /// (zeros, or what a previous user of the block left): use
+    /// [`alloc_zeroed`](Self::alloc_zeroed) or [`from_slice`](Self::from_slice) to set them.
     ///
     /// The buffer goes back to the pool on drop, without waiting for GPU work that uses it.
     ///
@@ -287,8 +327,7 @@ impl PinnedPool {
         };
         let block = self.take_or_make(key, flags)?;
         // SAFETY: the block holds `key.class >= bytes` initialised bytes (see the module
-        // docs), page-aligned (so aligned for any `Pod` of alignment up to a page: checked by
-        // `from_block`), and is owned by the buffer from now on.
+        // docs) and is owned by the buffer from now on; `from_block` checks the alignment.
         unsafe { PinnedBuffer::from_block(block, len, flags, Some((self.clone(), key.class))) }
     }
 
@@ -310,45 +349,67 @@ impl PinnedPool {
         Ok(buf)
     }
 
-    fn take_or_make(&self, key: Key, flags: HostAllocFlags) -> Result<Block> {
+    /// A cached block of `key` from this thread's shard, else from another shard (after
+    /// moving completed pending blocks to the free lists).
+    fn take(&self, key: Key) -> Option<Block> {
+        let mine = self.mine();
         {
-            let mut st = self.lock();
+            let mut st = self.lock(mine);
             if let Some(b) = st.take(key) {
-                return Ok(b);
+                drop(st);
+                self.shared.cached.fetch_sub(key.class, Ordering::Relaxed);
+                return Some(b);
             }
+        }
+        let n = self.shared.shards.len();
+        for i in 0..n {
+            let mut st = self.lock((mine + i) % n);
             if !st.pending.is_empty() {
                 st.poll(event_done);
-                if let Some(b) = st.take(key) {
-                    return Ok(b);
-                }
             }
-            st.stats.misses += 1;
-            st.stats.in_use_bytes += key.class;
+            if let Some(b) = st.take(key) {
+                drop(st);
+                self.shared.cached.fetch_sub(key.class, Ordering::Relaxed);
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    fn take_or_make(&self, key: Key, flags: HostAllocFlags) -> Result<Block> {
+        if let Some(b) = self.take(key) {
+            return Ok(b);
+        }
+        let mine = self.mine();
+        {
+            let mut st = self.lock(mine);
+            st.c.misses += 1;
+            st.c.in_use += key.class as i64;
         }
         let strategy = self.shared.config.strategy;
         let made = match Block::alloc(key.class, flags, strategy) {
             Err(e) if e.is_out_of_memory() => {
-                self.lock().stats.oom_retries += 1;
+                self.lock(mine).c.oom_retries += 1;
                 let _ = self.empty();
                 Block::alloc(key.class, flags, strategy)
             }
             r => r,
         };
-        let mut st = self.lock();
         match made {
             Ok((block, t)) => {
-                st.stats.driver_allocs += 1;
-                st.stats.driver_time += t;
+                let mut st = self.lock(mine);
+                st.c.driver_allocs += 1;
+                st.c.driver_time += t;
                 Ok(block)
             }
             Err(e) => {
-                st.stats.in_use_bytes -= key.class;
+                self.lock(mine).c.in_use -= key.class as i64;
                 Err(match e {
                     Error::Cuda { code, call } if code.is_out_of_memory() => Error::Cuda {
                         code,
                         call: format!(
                             "{call} (after emptying the pinned pool and one retry; pool: {})",
-                            st.stats
+                            self.stats()
                         ),
                     },
                     e => e,
@@ -370,21 +431,56 @@ impl PinnedPool {
             class,
             flags: flags.bits(),
         };
+        let mine = self.mine();
         let events = match fence.retire() {
             Ok(ev) => ev,
             Err(e) => {
-                let mut st = self.lock();
-                st.stats.in_use_bytes -= class;
-                st.stats.leaked_blocks += 1;
+                let mut st = self.lock(mine);
+                st.c.in_use -= class as i64;
+                st.c.leaked += 1;
                 return Err(e);
             }
         };
+        self.lock(mine).give_back(key, block, events);
+        let cached = self.shared.cached.fetch_add(class, Ordering::Relaxed) + class;
         let max = self.shared.config.max_cached_bytes;
-        let evicted = self.lock().give_back(key, block, events, max);
-        self.free_blocks(evicted)
+        if cached > max {
+            return self.evict_to(max).map(|_| ());
+        }
+        Ok(())
     }
 
-    /// Gives blocks back to the driver, outside the lock; returns the first error (the block
+    /// Gives free blocks back to the driver, largest first and this thread's shard first,
+    /// until at most `keep` bytes are cached; returns the bytes given back.
+    fn evict_to(&self, keep: usize) -> Result<usize> {
+        let mine = self.mine();
+        let n = self.shared.shards.len();
+        let mut blocks = Vec::new();
+        let mut total = 0;
+        for i in 0..n {
+            let excess = self
+                .shared
+                .cached
+                .load(Ordering::Relaxed)
+                .saturating_sub(keep);
+            if excess == 0 {
+                break;
+            }
+            let (b, bytes) = {
+                let mut st = self.lock((mine + i) % n);
+                if !st.pending.is_empty() {
+                    st.poll(event_done);
+                }
+                st.evict(excess)
+            };
+            self.shared.cached.fetch_sub(bytes, Ordering::Relaxed);
+            total += bytes;
+            blocks.extend(b);
+        }
+        self.free_blocks(blocks).map(|()| total)
+    }
+
+    /// Gives blocks back to the driver, outside the locks; returns the first error (the block
     /// that failed is leaked, the others are still freed).
     fn free_blocks(&self, blocks: Vec<Block>) -> Result<()> {
         if blocks.is_empty() {
@@ -398,22 +494,16 @@ impl PinnedPool {
                 first = first.and(Err(e));
             }
         }
-        let mut st = self.lock();
-        st.stats.driver_frees += n;
-        st.stats.driver_time += t.elapsed();
+        let mut st = self.lock(self.mine());
+        st.c.driver_frees += n;
+        st.c.driver_time += t.elapsed();
         first
     }
 
     /// Gives free blocks back to the driver until at most `keep` bytes are cached (blocks
     /// still waiting for GPU work stay). Returns the bytes given back.
     pub fn trim(&self, keep: usize) -> Result<usize> {
-        let evicted = {
-            let mut st = self.lock();
-            st.poll(event_done);
-            st.evict(keep)
-        };
-        let bytes = evicted.iter().map(Block::bytes).sum();
-        self.free_blocks(evicted).map(|()| bytes)
+        self.evict_to(keep)
     }
 
     /// Gives every free block back to the driver; see [`trim`](Self::trim).
@@ -423,11 +513,37 @@ impl PinnedPool {
 
     /// The counters, after moving blocks whose GPU work has completed to the free lists.
     pub fn stats(&self) -> PinnedPoolStats {
-        let mut st = self.lock();
-        if !st.pending.is_empty() {
-            st.poll(event_done);
+        let mut sum = Counters::default();
+        let mut pending = 0;
+        for i in 0..self.shared.shards.len() {
+            let mut st = self.lock(i);
+            if !st.pending.is_empty() {
+                st.poll(event_done);
+            }
+            pending += st.pending.len();
+            let c = st.c;
+            sum.hits += c.hits;
+            sum.misses += c.misses;
+            sum.cached += c.cached;
+            sum.in_use += c.in_use;
+            sum.driver_allocs += c.driver_allocs;
+            sum.driver_frees += c.driver_frees;
+            sum.driver_time += c.driver_time;
+            sum.oom_retries += c.oom_retries;
+            sum.leaked += c.leaked;
         }
-        st.stats
+        PinnedPoolStats {
+            hits: sum.hits,
+            misses: sum.misses,
+            cached_bytes: sum.cached.max(0) as usize,
+            in_use_bytes: sum.in_use.max(0) as usize,
+            pending_blocks: pending,
+            driver_allocs: sum.driver_allocs,
+            driver_frees: sum.driver_frees,
+            driver_time: sum.driver_time,
+            oom_retries: sum.oom_retries,
+            leaked_blocks: sum.leaked,
+        }
     }
 }
 
@@ -441,15 +557,17 @@ impl Drop for Shared {
     /// Frees every cached block; a pending one after waiting for its events (leaked if that
     /// wait fails). Errors are ignored: drop never panics.
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (_, blocks) in std::mem::take(&mut st.free) {
-            for b in blocks {
-                let _ = b.free();
+        for shard in self.shards.iter_mut() {
+            let st = shard.get_mut().unwrap_or_else(|e| e.into_inner());
+            for (_, blocks) in std::mem::take(&mut st.free) {
+                for b in blocks {
+                    let _ = b.free();
+                }
             }
-        }
-        for p in std::mem::take(&mut st.pending) {
-            if p.events.iter().all(|e| e.synchronize().is_ok()) {
-                let _ = p.block.free();
+            for p in std::mem::take(&mut st.pending) {
+                if p.events.iter().all(|e| e.synchronize().is_ok()) {
+                    let _ = p.block.free();
+                }
             }
         }
     }
@@ -466,8 +584,10 @@ impl fmt::Debug for BlockOwner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.pool {
             Some((_, class)) => write!(f, "pinned pool block of {}", fmt_bytes(*class)),
-            None if self.block.is_mapped() => write!(f, "mapped and registered"),
-            None => write!(f, "cudaHostAlloc"),
+            None if self.block.is_mapped() => {
+                write!(f, "{} mapped and registered", fmt_bytes(self.block.bytes()))
+            }
+            None => write!(f, "{} from cudaHostAlloc", fmt_bytes(self.block.bytes())),
         }
     }
 }
@@ -520,20 +640,19 @@ mod tests {
         Key { class, flags: 0 }
     }
 
-    /// A state with `n` blocks handed out of class 4096 (fake blocks: dropping one frees nothing).
+    /// `n` blocks of class 4096 handed out by `st` (fake blocks: dropping one frees nothing).
     fn handed_out(st: &mut State<u32>, n: usize) -> Vec<Block> {
-        st.stats.in_use_bytes += n * 4096;
+        st.c.in_use += n as i64 * 4096;
         (0..n).map(|_| Block::fake(4096)).collect()
     }
 
     #[test]
     fn free_blocks_are_reused_and_flags_are_part_of_the_key() {
         let mut st = State::<u32>::new();
-        let mut blocks = handed_out(&mut st, 1);
-        let b = blocks.pop().unwrap();
+        let b = handed_out(&mut st, 1).pop().unwrap();
         let addr = b.ptr();
-        assert!(st.give_back(key(4096), b, vec![], usize::MAX).is_empty());
-        assert_eq!(st.stats.cached_bytes, 4096);
+        st.give_back(key(4096), b, vec![]);
+        assert_eq!(st.c.cached, 4096);
         let mapped = Key {
             class: 4096,
             flags: HostAllocFlags::MAPPED.bits(),
@@ -545,11 +664,7 @@ mod tests {
         assert!(st.take(key(8192)).is_none());
         let again = st.take(key(4096)).unwrap();
         assert_eq!(again.ptr(), addr);
-        assert_eq!(
-            (st.stats.hits, st.stats.cached_bytes, st.stats.in_use_bytes),
-            (1, 0, 4096)
-        );
-        let _ = again; // (a fake block: nothing to free)
+        assert_eq!((st.c.hits, st.c.cached, st.c.in_use), (1, 0, 4096));
     }
 
     #[test]
@@ -557,39 +672,37 @@ mod tests {
         let mut st = State::<u32>::new();
         let b = handed_out(&mut st, 1).pop().unwrap();
         // Two events: 1 completes first, 2 later.
-        assert!(st
-            .give_back(key(4096), b, vec![1, 2], usize::MAX)
-            .is_empty());
+        st.give_back(key(4096), b, vec![1, 2]);
         assert!(st.take(key(4096)).is_none(), "pending: not reusable");
         st.poll(|&e| e == 1);
         assert!(st.take(key(4096)).is_none(), "one event still running");
-        assert_eq!(st.stats.pending_blocks, 1);
+        assert_eq!(st.pending.len(), 1);
         st.poll(|&e| e == 2);
-        assert_eq!(st.stats.pending_blocks, 0);
-        let _ = st
-            .take(key(4096))
-            .expect("reusable once all events completed");
+        assert!(st.pending.is_empty());
+        assert!(
+            st.take(key(4096)).is_some(),
+            "reusable once all events completed"
+        );
     }
 
     #[test]
-    fn the_bound_evicts_free_blocks_largest_first_never_pending_ones() {
+    fn eviction_takes_free_blocks_largest_first_never_pending_ones() {
         let mut st = State::<u32>::new();
-        st.stats.in_use_bytes += 3 * 4096 + 8192;
-        let small: Vec<Block> = (0..3).map(|_| Block::fake(4096)).collect();
-        let big = Block::fake(8192);
-        assert!(st.give_back(key(8192), big, vec![], 16384).is_empty());
-        let mut evicted = Vec::new();
-        for (i, b) in small.into_iter().enumerate() {
-            let ev = if i == 0 { vec![7] } else { vec![] };
-            evicted.extend(st.give_back(key(4096), b, ev, 12288));
-        }
-        // 8192 + 3 * 4096 = 20480 > 12288: the 8192 block goes first, then nothing more is
-        // needed (12288 left: one pending, two free).
-        assert_eq!(evicted.iter().map(Block::bytes).collect::<Vec<_>>(), [8192]);
-        assert_eq!(st.stats.cached_bytes, 12288);
-        let rest = st.evict(0);
-        assert_eq!(rest.len(), 2, "pending blocks are not evicted");
-        assert_eq!(st.stats.cached_bytes, 4096);
-        let _ = (evicted, rest); // (fake blocks: nothing to free)
+        st.c.in_use += 3 * 4096 + 8192;
+        st.give_back(key(8192), Block::fake(8192), vec![]);
+        st.give_back(key(4096), Block::fake(4096), vec![7]);
+        st.give_back(key(4096), Block::fake(4096), vec![]);
+        st.give_back(key(4096), Block::fake(4096), vec![]);
+        assert_eq!(st.c.cached, 20480);
+        let (first, bytes) = st.evict(5000);
+        assert_eq!(first.iter().map(Block::bytes).collect::<Vec<_>>(), [8192]);
+        assert_eq!((bytes, st.c.cached), (8192, 12288));
+        let (rest, bytes) = st.evict(usize::MAX);
+        assert_eq!(
+            (rest.len(), bytes),
+            (2, 8192),
+            "pending blocks are not evicted"
+        );
+        assert_eq!(st.c.cached, 4096);
     }
 }

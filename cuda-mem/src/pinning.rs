@@ -79,9 +79,11 @@ impl PinStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Made {
     HostAlloc,
-    /// `mmap` of `map_len` bytes at the block's address, registered.
+    /// `mmap` of `map_len` bytes at the block's address, registered in pieces of `part`
+    /// bytes (the last one shorter), or as a whole (`part == map_len`).
     Mapped {
         map_len: usize,
+        part: usize,
     },
 }
 
@@ -162,11 +164,17 @@ impl Block {
                     format!("cudaFreeHost({p:p})")
                 })
             }
-            Made::Mapped { map_len } => {
-                // SAFETY: the block registered exactly this address; nothing uses it any more.
-                check(unsafe { sys::cudaHostUnregister(p.cast()) }, || {
-                    format!("cudaHostUnregister({p:p})")
-                })?;
+            Made::Mapped { map_len, part } => {
+                for off in (0..map_len).step_by(part) {
+                    // SAFETY: the block registered a piece at each of these addresses;
+                    // nothing uses them any more. (On failure the rest stays registered and
+                    // the mapping is leaked.)
+                    let q = unsafe { p.add(off) };
+                    // SAFETY: as above.
+                    check(unsafe { sys::cudaHostUnregister(q.cast()) }, || {
+                        format!("cudaHostUnregister({q:p})")
+                    })?;
+                }
                 unmap(p, map_len);
                 Ok(())
             }
@@ -244,13 +252,14 @@ fn map_register(
             len: bytes,
             elem_size: 1,
         })?;
+    let t0 = Instant::now();
     let p = map_aligned(map_len)?;
     if huge_pages {
         // A hint: refusal (THP disabled) only means small pages.
         // SAFETY: `p..p + map_len` is our private anonymous mapping.
         unsafe { libc::madvise(p.cast(), map_len, libc::MADV_HUGEPAGE) };
     }
-    populate(p, map_len, threads);
+    let t_map = t0.elapsed();
     let mut reg = sys::cudaHostRegisterDefault;
     if flags.contains(HostAllocFlags::PORTABLE) {
         reg |= sys::cudaHostRegisterPortable;
@@ -258,21 +267,133 @@ fn map_register(
     if flags.contains(HostAllocFlags::MAPPED) {
         reg |= sys::cudaHostRegisterMapped;
     }
-    // SAFETY: `p..p + map_len` is a live, page-aligned, populated mapping that we own; flags
-    // are known bits. On failure nothing was registered and we unmap it.
-    let code = unsafe { sys::cudaHostRegister(p.cast(), map_len, reg) };
-    if let Err(e) = check(code, || {
-        format!("cudaHostRegister({}, {reg:#x})", fmt_bytes(map_len))
-    }) {
-        unmap(p, map_len);
-        return Err(e);
+    let shares = shares(map_len, threads);
+    let t1 = Instant::now();
+    let part = if split_registration() && shares.len() > 1 {
+        // Each thread faults in its share and registers it: `shares.len()` registrations,
+        // all at once.
+        let results: Vec<Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = shares[1..]
+                .iter()
+                .map(|&(off, len)| {
+                    let at = p as usize + off;
+                    s.spawn(move || {
+                        populate_range(at as *mut u8, len);
+                        register(at as *mut u8, len, reg)
+                    })
+                })
+                .collect();
+            let (off, len) = shares[0];
+            // SAFETY: the first share lies inside the mapping.
+            let first = unsafe { p.add(off) };
+            populate_range(first, len);
+            let mut out = vec![register(first, len, reg)];
+            out.extend(handles.into_iter().map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Misuse::InvalidArgument {
+                        op: OP,
+                        reason: "a pinning thread panicked".into(),
+                    }
+                    .into())
+                })
+            }));
+            out
+        });
+        if let Some(i) = results.iter().position(Result::is_err) {
+            for (&(off, _), r) in shares.iter().zip(&results) {
+                if r.is_ok() {
+                    // SAFETY: a share we registered just above and nothing uses.
+                    unsafe { sys::cudaHostUnregister(p.add(off).cast()) };
+                }
+            }
+            unmap(p, map_len);
+            return Err(results
+                .into_iter()
+                .nth(i)
+                .and_then(Result::err)
+                .unwrap_or_else(|| {
+                    Misuse::InvalidArgument {
+                        op: OP,
+                        reason: "registration failed".into(),
+                    }
+                    .into()
+                }));
+        }
+        shares[0].1
+    } else {
+        populate(p, &shares);
+        let t2 = Instant::now();
+        if let Err(e) = register(p, map_len, reg) {
+            unmap(p, map_len);
+            return Err(e);
+        }
+        set_phases([t_map, t2 - t1, t2.elapsed()]);
+        map_len
+    };
+    if part != map_len {
+        set_phases([t_map, t1.elapsed(), Duration::ZERO]);
     }
     Ok(Block {
         // `map_aligned` never returns null.
         ptr: NonNull::new(p).ok_or(Misuse::NullPointer { op: OP })?,
         bytes,
-        made: Made::Mapped { map_len },
+        made: Made::Mapped { map_len, part },
     })
+}
+
+/// `cudaHostRegister` of `len` bytes at `p` with flags `reg`.
+#[cfg(target_os = "linux")]
+fn register(p: *mut u8, len: usize, reg: u32) -> Result<()> {
+    // SAFETY: `p..p + len` is a live, page-aligned, populated range of a mapping we own; the
+    // flags are known bits. On failure nothing was registered.
+    let code = unsafe { sys::cudaHostRegister(p.cast(), len, reg) };
+    check(code, || {
+        format!("cudaHostRegister({}, {reg:#x})", fmt_bytes(len))
+    })
+}
+
+/// Registration split over the populating threads: the library's choice, or what the
+/// `testing` feature set.
+fn split_registration() -> bool {
+    match SPLIT.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => SPLIT_DEFAULT,
+    }
+}
+
+/// Whether [`PinStrategy::MapRegister`] registers each thread's share on its own (several
+/// registrations at once) rather than the whole range once after populating it.
+const SPLIT_DEFAULT: bool = false;
+
+/// 0: the default; 1: one registration; 2: split (set by `testing::set_split_registration`).
+pub(crate) static SPLIT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+thread_local! {
+    /// Map, populate and register time of this thread's last `MapRegister` block (populate
+    /// and register together, register zero, when split).
+    static PHASES: std::cell::Cell<[Duration; 3]> = const { std::cell::Cell::new([Duration::ZERO; 3]) };
+}
+
+fn set_phases(p: [Duration; 3]) {
+    PHASES.with(|c| c.set(p));
+}
+
+/// The phases of this thread's last `MapRegister` block (for `cuda-mem bench`).
+#[allow(dead_code)]
+pub(crate) fn last_phases() -> [Duration; 3] {
+    PHASES.with(std::cell::Cell::get)
+}
+
+/// The threads' shares of `len` bytes: whole huge pages each, so that no two threads fault
+/// the same one; at most `threads` of them.
+fn shares(len: usize, threads: usize) -> Vec<(usize, usize)> {
+    let pages = (len / MAP_ALIGN).max(1);
+    let threads = threads.clamp(1, pages);
+    let per = pages.div_ceil(threads) * MAP_ALIGN;
+    (0..len.div_ceil(per))
+        .map(|i| (i * per, per.min(len - i * per)))
+        .collect()
 }
 
 /// A private anonymous read-write mapping of `len` bytes (a multiple of `MAP_ALIGN`) whose
@@ -314,26 +435,18 @@ fn map_aligned(len: usize) -> Result<*mut u8> {
     Ok(start as *mut u8)
 }
 
-/// Faults in every page of `p..p + len` for writing, split over `threads` threads (the
-/// calling thread takes the first share).
+/// Faults in every page of the `shares` of the mapping at `p` for writing, one thread per
+/// share (the calling thread takes the first).
 #[cfg(target_os = "linux")]
-fn populate(p: *mut u8, len: usize, threads: usize) {
-    // Shares are whole huge pages, so that no two threads fault the same one.
-    let pages = len / MAP_ALIGN;
-    let threads = threads.clamp(1, pages.max(1));
-    let per = pages.div_ceil(threads) * MAP_ALIGN;
+fn populate(p: *mut u8, shares: &[(usize, usize)]) {
     let base = p as usize;
-    let one = move |start: usize| {
-        let end = (start + per).min(base + len);
-        if start < end {
-            populate_range(start as *mut u8, end - start);
-        }
-    };
     std::thread::scope(|s| {
-        for t in 1..threads {
-            s.spawn(move || one(base + t * per));
+        for &(off, len) in shares.iter().skip(1) {
+            s.spawn(move || populate_range((base + off) as *mut u8, len));
         }
-        one(base);
+        if let Some(&(off, len)) = shares.first() {
+            populate_range((base + off) as *mut u8, len);
+        }
     });
 }
 
@@ -360,6 +473,17 @@ fn populate_range(p: *mut u8, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_are_whole_huge_pages_covering_the_range_once() {
+        let m = MAP_ALIGN;
+        assert_eq!(
+            shares(10 * m, 4),
+            [(0, 3 * m), (3 * m, 3 * m), (6 * m, 3 * m), (9 * m, m)]
+        );
+        assert_eq!(shares(m, 16), [(0, m)]);
+        assert_eq!(shares(4 * m, 1), [(0, 4 * m)]);
+    }
 
     #[test]
     fn auto_picks_map_register_for_large_cached_blocks_only() {
@@ -397,7 +521,16 @@ mod tests {
         let len = 3 * MAP_ALIGN;
         let p = map_aligned(len).unwrap();
         assert_eq!(p as usize % MAP_ALIGN, 0);
-        populate(p, len, 4);
+        let sh = shares(len, 4);
+        assert_eq!(
+            sh,
+            [
+                (0, MAP_ALIGN),
+                (MAP_ALIGN, MAP_ALIGN),
+                (2 * MAP_ALIGN, MAP_ALIGN)
+            ]
+        );
+        populate(p, &sh);
         // SAFETY: the mapping is ours, `len` bytes, zero-filled by the kernel.
         let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
         assert!(s.iter().all(|&b| b == 0));

@@ -42,8 +42,13 @@ use crate::size;
 pub struct StagingConfig {
     /// Worker threads, each with its own stream and staging buffers per device.
     pub threads: usize,
-    /// Bytes per chunk (and per staging buffer).
+    /// Largest chunk (and staging buffer), bytes. A copy is cut into about
+    /// `threads * chunks_per_thread` chunks, each between `min_chunk_bytes` and this.
     pub chunk_bytes: usize,
+    /// Smallest chunk, bytes.
+    pub min_chunk_bytes: usize,
+    /// Chunks each worker should get per copy: enough for its pipeline to fill.
+    pub chunks_per_thread: usize,
     /// Staging buffers per worker (2: one filled by the CPU while the other is copied).
     pub depth: usize,
     /// Copies smaller than this take the driver's path.
@@ -60,7 +65,9 @@ impl Default for StagingConfig {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
             threads: cores.clamp(1, 16),
-            chunk_bytes: 8 << 20,
+            chunk_bytes: 4 << 20,
+            min_chunk_bytes: 256 << 10,
+            chunks_per_thread: 8,
             depth: 2,
             min_bytes: 1 << 20,
             nt_stores: true,
@@ -69,6 +76,14 @@ impl Default for StagingConfig {
 }
 
 impl StagingConfig {
+    /// The chunk size for a copy of `bytes`: about `threads * chunks_per_thread` chunks, a
+    /// multiple of 64 KiB, clamped to `min_chunk_bytes..=chunk_bytes`.
+    pub fn chunk_for(&self, bytes: usize) -> usize {
+        let want = bytes / (self.threads * self.chunks_per_thread).max(1);
+        want.next_multiple_of(64 << 10)
+            .clamp(self.min_chunk_bytes, self.chunk_bytes)
+    }
+
     fn check(&self) -> Result<()> {
         let bad = |reason: &str| {
             Err(Misuse::InvalidArgument {
@@ -80,8 +95,11 @@ impl StagingConfig {
         if self.threads == 0 || self.threads > 1024 {
             return bad("threads must be between 1 and 1024");
         }
-        if self.chunk_bytes < 4096 {
-            return bad("chunk_bytes must be at least 4096");
+        if self.min_chunk_bytes < 4096 || self.chunk_bytes < self.min_chunk_bytes {
+            return bad("chunk sizes must be at least 4096, min_chunk_bytes <= chunk_bytes");
+        }
+        if self.chunks_per_thread == 0 {
+            return bad("chunks_per_thread must be at least 1");
         }
         if self.depth == 0 || self.depth > 16 {
             return bad("depth must be between 1 and 16");
@@ -313,7 +331,8 @@ impl Stager {
             Dir::ToHost => (s, d),
         };
         let c = self.shared.config;
-        let chunks = bytes.div_ceil(c.chunk_bytes);
+        let chunk = c.chunk_for(bytes);
+        let chunks = bytes.div_ceil(chunk);
         let parts = chunks.min(c.threads);
         let job = Arc::new(Job {
             dir,
@@ -321,7 +340,7 @@ impl Stager {
             dev,
             host,
             bytes,
-            chunk: c.chunk_bytes,
+            chunk,
             depth: c.depth,
             nt: c.nt_stores,
             parts,
@@ -751,6 +770,25 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn chunks_scale_with_the_copy_within_bounds() {
+        let c = StagingConfig {
+            threads: 16,
+            chunk_bytes: 4 << 20,
+            min_chunk_bytes: 256 << 10,
+            chunks_per_thread: 8,
+            ..StagingConfig::default()
+        };
+        assert_eq!(c.chunk_for(1 << 20), 256 << 10);
+        assert_eq!(c.chunk_for(256 << 20), 2 << 20);
+        assert_eq!(c.chunk_for(1 << 30), 4 << 20);
+        assert_eq!(c.chunk_for((64 << 20) + 1), 512 << 10);
+        assert_eq!(
+            c.chunk_for(100 << 20),
+            (800 << 10) - (800 << 10) % (64 << 10) + (64 << 10)
+        );
     }
 
     #[test]

@@ -146,3 +146,21 @@ pub fn host_copy(dst: &mut [u8], src: &[u8], nt: bool) {
     // SAFETY: both ranges are `len` bytes of distinct slices (a `&mut` cannot alias a `&`).
     unsafe { crate::staged::host_copy(dst.as_mut_ptr(), src.as_ptr(), len, nt) };
 }
+
+/// Makes mapped-and-registered pinning ([`PinStrategy::MapRegister`](crate::PinStrategy))
+/// register each populating thread's share on its own (`Some(true)`), the whole range once
+/// (`Some(false)`), or as the library chooses (`None`). Process-wide.
+pub fn set_split_registration(split: Option<bool>) {
+    let v = match split {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    crate::pinning::SPLIT.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Map, populate and register time of this thread's last mapped-and-registered block
+/// (populate and register together, register zero, when split).
+pub fn last_pin_phases() -> [std::time::Duration; 3] {
+    crate::pinning::last_phases()
+}

@@ -261,78 +261,132 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
             raw::check(unsafe { sys::cudaFreeHost(p) }, || "cudaFreeHost".into())?;
         }
         let reference = median(&host_alloc);
-        let thread_counts: &[usize] = if cfg.quick {
-            &[8, 16]
-        } else {
-            &[1, 2, 4, 8, 12, 16]
-        };
-        for huge in [false, true] {
-            for &threads in thread_counts {
-                let strategy = PinStrategy::MapRegister {
-                    threads,
-                    huge_pages: huge,
-                };
-                let (mut a, mut f) = (Vec::new(), Vec::new());
-                for _ in 0..reps {
-                    let t = Instant::now();
-                    let buf =
-                        PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
-                    a.push(t.elapsed().as_secs_f64() * 1e3);
-                    let t = Instant::now();
-                    buf.free()?;
-                    f.push(t.elapsed().as_secs_f64() * 1e3);
+        let thread_counts: &[usize] = if cfg.quick { &[8, 16] } else { &[4, 8, 12, 16] };
+        for split in [false, true] {
+            cuda_mem::testing::set_split_registration(Some(split));
+            for huge in [false, true] {
+                for &threads in thread_counts {
+                    let strategy = PinStrategy::MapRegister {
+                        threads,
+                        huge_pages: huge,
+                    };
+                    let (mut a, mut f, mut ph) = (Vec::new(), Vec::new(), Vec::new());
+                    for _ in 0..reps {
+                        let t = Instant::now();
+                        let buf = PinnedBuffer::<u8>::with_strategy(
+                            b,
+                            HostAllocFlags::DEFAULT,
+                            strategy,
+                        )?;
+                        a.push(t.elapsed().as_secs_f64() * 1e3);
+                        ph.push(cuda_mem::testing::last_pin_phases());
+                        let t = Instant::now();
+                        buf.free()?;
+                        f.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                    let ours = median(&a);
+                    let c = format!("threads={threads} huge={huge} split={split}");
+                    row(
+                        res,
+                        "cold_pin",
+                        c.clone(),
+                        bytes,
+                        "ms",
+                        [ours, reference, reference / ours],
+                    );
+                    let ms = |i: usize| {
+                        median(
+                            &ph.iter()
+                                .map(|p| p[i].as_secs_f64() * 1e3)
+                                .collect::<Vec<_>>(),
+                        )
+                    };
+                    progress(&format!(
+                        "  phases {c}: map {:.2} ms, populate {:.2} ms, register {:.2} ms",
+                        ms(0),
+                        ms(1),
+                        ms(2)
+                    ));
+                    row(
+                        res,
+                        "cold_pin_register",
+                        c.clone(),
+                        bytes,
+                        "ms",
+                        [ms(2), f64::NAN, f64::NAN],
+                    );
+                    row(
+                        res,
+                        "cold_pin_free",
+                        c,
+                        bytes,
+                        "ms",
+                        [median(&f), f64::NAN, f64::NAN],
+                    );
                 }
-                let ours = median(&a);
-                let cfg_s = format!("threads={threads} huge={huge}");
-                row(
-                    res,
-                    "cold_pin",
-                    cfg_s.clone(),
-                    bytes,
-                    "ms",
-                    [ours, reference, reference / ours],
-                );
-                row(
-                    res,
-                    "cold_pin_free",
-                    cfg_s,
-                    bytes,
-                    "ms",
-                    [median(&f), f64::NAN, f64::NAN],
-                );
             }
-        }
-        // Copy bandwidth from a mapped-and-registered buffer against cudaHostAlloc memory.
-        let strategy = PinStrategy::Auto;
-        let mut ours = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
-        let mut theirs = PinnedBuffer::<u8>::zeroed(b, HostAllocFlags::DEFAULT)?;
-        ours.as_mut_slice()?.fill(3);
-        theirs.as_mut_slice()?.fill(3);
-        let mut dev = DeviceBuffer::<u8>::uninit(b)?;
-        let (mut o, mut r) = (Vec::new(), Vec::new());
-        for i in 0..8 {
-            let t = Instant::now();
+            // Copy bandwidth and data from such a buffer against cudaHostAlloc memory.
+            let strategy = PinStrategy::MapRegister {
+                threads: 16,
+                huge_pages: true,
+            };
+            let mut ours = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
+            let mut theirs = PinnedBuffer::<u8>::zeroed(b, HostAllocFlags::DEFAULT)?;
+            for (i, x) in ours.as_mut_slice()?.iter_mut().enumerate() {
+                *x = (i * 7 + i / 4093) as u8;
+            }
+            theirs.as_mut_slice()?.fill(3);
+            let mut dev = DeviceBuffer::<u8>::uninit(b)?;
+            let (mut o, mut r) = (Vec::new(), Vec::new());
+            for i in 0..8 {
+                let t = Instant::now();
+                copy_async(&mut dev, &ours, &s)?;
+                s.synchronize()?;
+                let to = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                copy_async(&mut dev, &theirs, &s)?;
+                s.synchronize()?;
+                let tr = t.elapsed().as_secs_f64();
+                if i > 0 {
+                    o.push(gbps(bytes, to));
+                    r.push(gbps(bytes, tr));
+                }
+            }
+            let (go, gr) = (median(&o), median(&r));
+            row(
+                res,
+                "cold_pin_copy",
+                format!("h2d threads=16 huge=true split={split}"),
+                bytes,
+                "GB/s",
+                [go, gr, go / gr],
+            );
+            // The data crosses intact, both ways, across the registrations.
             copy_async(&mut dev, &ours, &s)?;
-            s.synchronize()?;
-            let to = t.elapsed().as_secs_f64();
+            let mut back = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
             let t = Instant::now();
-            copy_async(&mut dev, &theirs, &s)?;
+            copy_async(&mut back, &dev, &s)?;
             s.synchronize()?;
-            let tr = t.elapsed().as_secs_f64();
-            if i > 0 {
-                o.push(gbps(bytes, to));
-                r.push(gbps(bytes, tr));
-            }
+            let gd = gbps(bytes, t.elapsed().as_secs_f64());
+            row(
+                res,
+                "cold_pin_copy",
+                format!("d2h threads=16 huge=true split={split}"),
+                bytes,
+                "GB/s",
+                [gd, f64::NAN, f64::NAN],
+            );
+            res.checks.push(Check {
+                what: format!(
+                    "mapped-and-registered round trip, split={split}, {}",
+                    fmt_size(bytes)
+                ),
+                bytes,
+                ok: back.as_slice()? == ours.as_slice()?,
+                detail: None,
+            });
         }
-        let (go, gr) = (median(&o), median(&r));
-        row(
-            res,
-            "cold_pin_copy",
-            "auto h2d".into(),
-            bytes,
-            "GB/s",
-            [go, gr, go / gr],
-        );
+        cuda_mem::testing::set_split_registration(None);
     }
     Ok(())
 }
@@ -361,130 +415,135 @@ fn staged(res: &mut BenchResults, cfg: &Config, cores: usize) -> Result<()> {
     let mut back = vec![0u8; max];
     let mut dev = DeviceBuffer::<u8>::uninit(max)?;
     let pool = PinnedPool::new(PinnedPoolConfig::default());
-    // The sweep: threads × chunk × depth × stores, at 256 MiB.
-    let n = 256 * MIB as usize;
-    progress("staged copies: parameter sweep at 256 MiB");
     set_auto_staging(false);
-    let samples = 3;
-    let d_h2d = time_copy(samples, || copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
-    let d_d2h = time_copy(samples, || copy(&mut back[..n], &dev.slice(..n)?))?;
-    let mut threads: Vec<usize> = [4, 8, 12, 16].into_iter().filter(|&t| t <= cores).collect();
+    // The sweep: threads × largest chunk × chunks per thread, at several sizes.
+    progress("staged copies: parameter sweep");
+    let mut threads: Vec<usize> = [8, 12, 16].into_iter().filter(|&t| t <= cores).collect();
     if !threads.contains(&cores) {
         threads.push(cores);
     }
-    let mut configs = Vec::new();
-    for &t in &threads {
-        for chunk in [2usize, 4, 8, 16] {
-            configs.push((t, chunk << 20, 2, true));
+    let sweep_sizes: Vec<usize> = [16 * MIB, 64 * MIB, 256 * MIB, GIB]
+        .into_iter()
+        .map(|b| b as usize)
+        .filter(|&b| b <= max && (!cfg.quick || b <= 64 * MIB as usize))
+        .collect();
+    for &n in &sweep_sizes {
+        let samples = 3;
+        let d_h2d = time_copy(samples, || copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
+        let d_d2h = time_copy(samples, || copy(&mut back[..n], &dev.slice(..n)?))?;
+        for &t in &threads {
+            for max_chunk in [2usize << 20, 4 << 20, 8 << 20] {
+                for per in [4usize, 8, 16] {
+                    if cfg.quick && (per != 8 || max_chunk != 4 << 20) {
+                        continue;
+                    }
+                    let c = StagingConfig {
+                        threads: t,
+                        chunk_bytes: max_chunk,
+                        chunks_per_thread: per,
+                        min_bytes: 0,
+                        ..StagingConfig::default()
+                    };
+                    let st = Stager::new(c, pool.clone())?;
+                    let h = time_copy(samples, || st.copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
+                    let d = time_copy(samples, || st.copy(&mut back[..n], &dev.slice(..n)?))?;
+                    let name = format!(
+                        "threads={t} max_chunk={} per_thread={per} (chunk {})",
+                        fmt_size(max_chunk as u64),
+                        fmt_size(c.chunk_for(n) as u64)
+                    );
+                    let nb = n as u64;
+                    row(
+                        res,
+                        "staged_sweep_h2d",
+                        name.clone(),
+                        nb,
+                        "GB/s",
+                        [gbps(nb, h), gbps(nb, d_h2d), d_h2d / h],
+                    );
+                    row(
+                        res,
+                        "staged_sweep_d2h",
+                        name,
+                        nb,
+                        "GB/s",
+                        [gbps(nb, d), gbps(nb, d_d2h), d_d2h / d],
+                    );
+                }
+            }
         }
     }
-    configs.push((cores, 8 << 20, 3, true));
-    configs.push((cores, 4 << 20, 3, true));
-    configs.push((cores, 8 << 20, 2, false));
-    if cfg.quick {
-        configs.retain(|c| c.0 == cores);
-    }
-    for (t, chunk, depth, nt) in configs {
-        let st = Stager::new(
-            StagingConfig {
-                threads: t,
-                chunk_bytes: chunk,
-                depth,
-                min_bytes: 0,
-                nt_stores: nt,
-            },
-            pool.clone(),
-        )?;
-        let h = time_copy(samples, || st.copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
-        let d = time_copy(samples, || st.copy(&mut back[..n], &dev.slice(..n)?))?;
-        let c = format!(
-            "threads={t} chunk={} depth={depth} nt={nt}",
-            fmt_size(chunk as u64)
-        );
-        let (hg, dg) = (gbps(n as u64, h), gbps(n as u64, d));
-        row(
-            res,
-            "staged_sweep_h2d",
-            c.clone(),
-            n as u64,
-            "GB/s",
-            [hg, gbps(n as u64, d_h2d), d_h2d / h],
-        );
-        row(
-            res,
-            "staged_sweep_d2h",
-            c,
-            n as u64,
-            "GB/s",
-            [dg, gbps(n as u64, d_d2h), d_d2h / d],
-        );
-    }
-    // Every size, the default configuration against the driver.
-    let st = Stager::new(
+    // Every size: the default configuration (driver's path below its threshold), and the
+    // stager forced at every size (threshold 0), against the driver.
+    let dflt = StagingConfig::default();
+    let st = Stager::new(dflt, pool.clone())?;
+    let forced = Stager::new(
         StagingConfig {
             min_bytes: 0,
-            ..StagingConfig::default()
+            ..dflt
         },
         pool.clone(),
     )?;
-    let dflt = StagingConfig::default();
     progress(&format!("staged copies, default configuration {dflt:?}"));
     for &bytes in &cfg.sizes {
         let b = bytes as usize;
         let samples = if bytes >= 256 * MIB {
             5
         } else {
-            cfg.samples.max(5)
+            cfg.samples.max(7)
         };
         let reps = ((64 * MIB) / bytes).clamp(1, 200) as u32;
-        let rep = |f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
-            for _ in 0..reps {
-                f()?;
+        for (name, stager) in [("staged", &st), ("staged_forced", &forced)] {
+            if name == "staged_forced" && bytes >= 64 * MIB {
+                continue; // the same as the default from the threshold up
             }
-            Ok(())
-        };
-        let (mut h, mut hd, mut d, mut dd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for i in 0..=samples {
-            let t = Instant::now();
-            rep(&mut || st.copy(&mut dev.slice_mut(..b)?, &src[..b]))?;
-            let a = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            rep(&mut || copy(&mut dev.slice_mut(..b)?, &src[..b]))?;
-            let a2 = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            rep(&mut || st.copy(&mut back[..b], &dev.slice(..b)?))?;
-            let c = t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            rep(&mut || copy(&mut back[..b], &dev.slice(..b)?))?;
-            let c2 = t.elapsed().as_secs_f64();
-            if i > 0 {
-                h.push(a / reps as f64);
-                hd.push(a2 / reps as f64);
-                d.push(c / reps as f64);
-                dd.push(c2 / reps as f64);
+            let rep = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+                let t = Instant::now();
+                for _ in 0..reps {
+                    f()?;
+                }
+                Ok(t.elapsed().as_secs_f64() / f64::from(reps))
+            };
+            let (mut h, mut hd, mut d, mut dd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for i in 0..=samples {
+                let a = rep(&mut || stager.copy(&mut dev.slice_mut(..b)?, &src[..b]))?;
+                let a2 = rep(&mut || copy(&mut dev.slice_mut(..b)?, &src[..b]))?;
+                let c = rep(&mut || stager.copy(&mut back[..b], &dev.slice(..b)?))?;
+                let c2 = rep(&mut || copy(&mut back[..b], &dev.slice(..b)?))?;
+                if i > 0 {
+                    h.push(a);
+                    hd.push(a2);
+                    d.push(c);
+                    dd.push(c2);
+                }
             }
+            // Ratio: median over the interleaved pairs of driver time / ours.
+            let ratio = |o: &[f64], r: &[f64]| {
+                median(&o.iter().zip(r).map(|(o, r)| r / o).collect::<Vec<_>>())
+            };
+            let g = |v: &[f64]| gbps(bytes, median(v));
+            let (th, td) = if name == "staged" {
+                ("staged_h2d", "staged_d2h")
+            } else {
+                ("staged_forced_h2d", "staged_forced_d2h")
+            };
+            row(
+                res,
+                th,
+                "default".into(),
+                bytes,
+                "GB/s",
+                [g(&h), g(&hd), ratio(&h, &hd)],
+            );
+            row(
+                res,
+                td,
+                "default".into(),
+                bytes,
+                "GB/s",
+                [g(&d), g(&dd), ratio(&d, &dd)],
+            );
         }
-        let ratios = |o: &[f64], r: &[f64]| {
-            let v: Vec<f64> = o.iter().zip(r).map(|(o, r)| r / o).collect();
-            median(&v)
-        };
-        let (mh, mhd, md, mdd) = (median(&h), median(&hd), median(&d), median(&dd));
-        row(
-            res,
-            "staged_h2d",
-            "default".into(),
-            bytes,
-            "GB/s",
-            [gbps(bytes, mh), gbps(bytes, mhd), ratios(&h, &hd)],
-        );
-        row(
-            res,
-            "staged_d2h",
-            "default".into(),
-            bytes,
-            "GB/s",
-            [gbps(bytes, md), gbps(bytes, mdd), ratios(&d, &dd)],
-        );
     }
     set_auto_staging(true);
     // Data check of the staged path at the largest size.
