@@ -53,7 +53,8 @@ pub struct StagingConfig {
     pub depth: usize,
     /// Copies smaller than this take the driver's path.
     pub min_bytes: usize,
-    /// Write host-to-device chunks with non-temporal stores (x86-64 with AVX2).
+    /// Write chunks with non-temporal stores (x86-64 with AVX2): into the staging buffer on
+    /// the way to the device, into the destination on the way back.
     pub nt_stores: bool,
 }
 
@@ -664,7 +665,7 @@ fn to_host(job: &Job, w: usize, lane: &Lane, bufs: &[usize]) -> Result<()> {
                 (job.host + off) as *mut u8,
                 bufs[k] as *const u8,
                 len,
-                false,
+                job.nt,
             )
         };
         if i + depth < mine.len() {

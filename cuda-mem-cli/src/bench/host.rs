@@ -432,8 +432,15 @@ fn staged(res: &mut BenchResults, cfg: &Config, cores: usize) -> Result<()> {
         let d_h2d = time_copy(samples, || copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
         let d_d2h = time_copy(samples, || copy(&mut back[..n], &dev.slice(..n)?))?;
         for &t in &threads {
+            let mut variants = Vec::new();
             for max_chunk in [2usize << 20, 4 << 20, 8 << 20] {
                 for per in [4usize, 8, 16] {
+                    variants.push((max_chunk, per, true));
+                }
+            }
+            variants.push((4 << 20, 8, false));
+            for (max_chunk, per, nt) in variants {
+                {
                     if cfg.quick && (per != 8 || max_chunk != 4 << 20) {
                         continue;
                     }
@@ -442,13 +449,14 @@ fn staged(res: &mut BenchResults, cfg: &Config, cores: usize) -> Result<()> {
                         chunk_bytes: max_chunk,
                         chunks_per_thread: per,
                         min_bytes: 0,
+                        nt_stores: nt,
                         ..StagingConfig::default()
                     };
                     let st = Stager::new(c, pool.clone())?;
                     let h = time_copy(samples, || st.copy(&mut dev.slice_mut(..n)?, &src[..n]))?;
                     let d = time_copy(samples, || st.copy(&mut back[..n], &dev.slice(..n)?))?;
                     let name = format!(
-                        "threads={t} max_chunk={} per_thread={per} (chunk {})",
+                        "threads={t} max_chunk={} per_thread={per} nt={nt} (chunk {})",
                         fmt_size(max_chunk as u64),
                         fmt_size(c.chunk_for(n) as u64)
                     );
