@@ -79,11 +79,9 @@ impl PinStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Made {
     HostAlloc,
-    /// `mmap` of `map_len` bytes at the block's address, registered in pieces of `part`
-    /// bytes (the last one shorter), or as a whole (`part == map_len`).
+    /// `mmap` of `map_len` bytes at the block's address, registered as a whole.
     Mapped {
         map_len: usize,
-        part: usize,
     },
 }
 
@@ -164,17 +162,11 @@ impl Block {
                     format!("cudaFreeHost({p:p})")
                 })
             }
-            Made::Mapped { map_len, part } => {
-                for off in (0..map_len).step_by(part) {
-                    // SAFETY: the block registered a piece at each of these addresses;
-                    // nothing uses them any more. (On failure the rest stays registered and
-                    // the mapping is leaked.)
-                    let q = unsafe { p.add(off) };
-                    // SAFETY: as above.
-                    check(unsafe { sys::cudaHostUnregister(q.cast()) }, || {
-                        format!("cudaHostUnregister({q:p})")
-                    })?;
-                }
+            Made::Mapped { map_len } => {
+                // SAFETY: the block registered exactly this address; nothing uses it any more.
+                check(unsafe { sys::cudaHostUnregister(p.cast()) }, || {
+                    format!("cudaHostUnregister({p:p})")
+                })?;
                 unmap(p, map_len);
                 Ok(())
             }
@@ -267,77 +259,22 @@ fn map_register(
     if flags.contains(HostAllocFlags::MAPPED) {
         reg |= sys::cudaHostRegisterMapped;
     }
-    let shares = shares(map_len, threads);
     let t1 = Instant::now();
-    let part = if split_registration() && shares.len() > 1 {
-        // Each thread faults in its share and registers it: `shares.len()` registrations,
-        // all at once.
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> = shares[1..]
-                .iter()
-                .map(|&(off, len)| {
-                    let at = p as usize + off;
-                    s.spawn(move || {
-                        populate_range(at as *mut u8, len);
-                        register(at as *mut u8, len, reg)
-                    })
-                })
-                .collect();
-            let (off, len) = shares[0];
-            // SAFETY: the first share lies inside the mapping.
-            let first = unsafe { p.add(off) };
-            populate_range(first, len);
-            let mut out = vec![register(first, len, reg)];
-            out.extend(handles.into_iter().map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Misuse::InvalidArgument {
-                        op: OP,
-                        reason: "a pinning thread panicked".into(),
-                    }
-                    .into())
-                })
-            }));
-            out
-        });
-        if let Some(i) = results.iter().position(Result::is_err) {
-            for (&(off, _), r) in shares.iter().zip(&results) {
-                if r.is_ok() {
-                    // SAFETY: a share we registered just above and nothing uses.
-                    unsafe { sys::cudaHostUnregister(p.add(off).cast()) };
-                }
-            }
-            unmap(p, map_len);
-            return Err(results
-                .into_iter()
-                .nth(i)
-                .and_then(Result::err)
-                .unwrap_or_else(|| {
-                    Misuse::InvalidArgument {
-                        op: OP,
-                        reason: "registration failed".into(),
-                    }
-                    .into()
-                }));
-        }
-        shares[0].1
-    } else {
-        populate(p, &shares);
-        let t2 = Instant::now();
-        if let Err(e) = register(p, map_len, reg) {
-            unmap(p, map_len);
-            return Err(e);
-        }
-        set_phases([t_map, t2 - t1, t2.elapsed()]);
-        map_len
-    };
-    if part != map_len {
-        set_phases([t_map, t1.elapsed(), Duration::ZERO]);
+    populate(p, &shares(map_len, threads));
+    let t2 = Instant::now();
+    // One registration of the whole range: a copy may not span two registrations (the
+    // runtime refuses it with cudaErrorInvalidValue, seen on the H200 machine), so the
+    // range cannot be registered in pieces by the populating threads.
+    if let Err(e) = register(p, map_len, reg) {
+        unmap(p, map_len);
+        return Err(e);
     }
+    set_phases([t_map, t2 - t1, t2.elapsed()]);
     Ok(Block {
         // `map_aligned` never returns null.
         ptr: NonNull::new(p).ok_or(Misuse::NullPointer { op: OP })?,
         bytes,
-        made: Made::Mapped { map_len, part },
+        made: Made::Mapped { map_len },
     })
 }
 
@@ -352,26 +289,17 @@ fn register(p: *mut u8, len: usize, reg: u32) -> Result<()> {
     })
 }
 
-/// Registration split over the populating threads: the library's choice, or what the
-/// `testing` feature set.
-fn split_registration() -> bool {
-    match SPLIT.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => SPLIT_DEFAULT,
-    }
+/// How pages are faulted in: 0 `madvise(MADV_POPULATE_WRITE)` (falling back to touching),
+/// 1 one write per page, 2 `MAP_POPULATE` when mapping (one thread, in the kernel). Set by
+/// `testing::set_populate_mode` to compare them; 0 unless set.
+pub(crate) static POPULATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn populate_mode() -> u8 {
+    POPULATE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether [`PinStrategy::MapRegister`] registers each thread's share on its own (several
-/// registrations at once) rather than the whole range once after populating it.
-const SPLIT_DEFAULT: bool = false;
-
-/// 0: the default; 1: one registration; 2: split (set by `testing::set_split_registration`).
-pub(crate) static SPLIT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
 thread_local! {
-    /// Map, populate and register time of this thread's last `MapRegister` block (populate
-    /// and register together, register zero, when split).
+    /// Map, populate and register time of this thread's last `MapRegister` block.
     static PHASES: std::cell::Cell<[Duration; 3]> = const { std::cell::Cell::new([Duration::ZERO; 3]) };
 }
 
@@ -409,7 +337,14 @@ fn map_aligned(len: usize) -> Result<*mut u8> {
             std::ptr::null_mut(),
             over,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | if populate_mode() == 2 {
+                    libc::MAP_POPULATE
+                } else {
+                    0
+                },
             -1,
             0,
         )
@@ -456,11 +391,21 @@ fn populate(p: *mut u8, shares: &[(usize, usize)]) {
 fn populate_range(p: *mut u8, len: usize) {
     /// `MADV_POPULATE_WRITE` (not exported by `libc` for every target).
     const MADV_POPULATE_WRITE: libc::c_int = 23;
+    match populate_mode() {
+        1 => return touch(p, len),
+        2 => return, // populated by mmap
+        _ => {}
+    }
     // SAFETY: `p..p + len` lies inside our private anonymous mapping; populating only faults
     // pages in (zero-filled), it changes no content.
-    if unsafe { libc::madvise(p.cast(), len, MADV_POPULATE_WRITE) } == 0 {
-        return;
+    if unsafe { libc::madvise(p.cast(), len, MADV_POPULATE_WRITE) } != 0 {
+        touch(p, len);
     }
+}
+
+/// One write per page of `p..p + len`.
+#[cfg(target_os = "linux")]
+fn touch(p: *mut u8, len: usize) {
     let mut off = 0;
     while off < len {
         // SAFETY: inside our read-write mapping, which nothing else uses yet; writing the

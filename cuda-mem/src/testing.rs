@@ -147,20 +147,14 @@ pub fn host_copy(dst: &mut [u8], src: &[u8], nt: bool) {
     unsafe { crate::staged::host_copy(dst.as_mut_ptr(), src.as_ptr(), len, nt) };
 }
 
-/// Makes mapped-and-registered pinning ([`PinStrategy::MapRegister`](crate::PinStrategy))
-/// register each populating thread's share on its own (`Some(true)`), the whole range once
-/// (`Some(false)`), or as the library chooses (`None`). Process-wide.
-pub fn set_split_registration(split: Option<bool>) {
-    let v = match split {
-        None => 0,
-        Some(false) => 1,
-        Some(true) => 2,
-    };
-    crate::pinning::SPLIT.store(v, std::sync::atomic::Ordering::Relaxed);
+/// How mapped-and-registered pinning ([`PinStrategy::MapRegister`](crate::PinStrategy))
+/// faults pages in: 0 `madvise(MADV_POPULATE_WRITE)` (the library's way), 1 one write per
+/// page, 2 `MAP_POPULATE` (one thread, in the kernel). Process-wide, for `cuda-mem bench`.
+pub fn set_populate_mode(mode: u8) {
+    crate::pinning::POPULATE.store(mode.min(2), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Map, populate and register time of this thread's last mapped-and-registered block
-/// (populate and register together, register zero, when split).
+/// Map, populate and register time of this thread's last mapped-and-registered block.
 pub fn last_pin_phases() -> [std::time::Duration; 3] {
     crate::pinning::last_phases()
 }

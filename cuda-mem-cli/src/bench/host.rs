@@ -25,7 +25,7 @@ use cuda_mem::{
     PinnedBuffer, PinnedPool, PinnedPoolConfig, Result, Slice as _, Stager, StagingConfig, Stream,
 };
 
-use super::{progress, raw, Config, Ctx};
+use super::{attempt, progress, raw, Config, Ctx};
 use crate::results::{BenchResults, Check, HostRow};
 use crate::units::{fmt_size, gbps, median, GIB, MIB};
 
@@ -56,10 +56,14 @@ fn row(
 pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
     memcpy_ceiling(res, cores);
-    pool(res, cfg)?;
-    host_pool(ctx, res, cfg)?;
-    cold_pin(res, cfg)?;
-    staged(res, cfg, cores)?;
+    let r = pool(res, cfg);
+    attempt(res, &["pinned_pool"], "host", r)?;
+    let r = host_pool(ctx, res, cfg);
+    attempt(res, &["host_pool"], "host", r)?;
+    let r = staged(res, cfg, cores);
+    attempt(res, &["staged"], "host", r)?;
+    let r = cold_pin(res, cfg);
+    attempt(res, &["cold_pin"], "host", r)?;
     Ok(())
 }
 
@@ -262,10 +266,15 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
         }
         let reference = median(&host_alloc);
         let thread_counts: &[usize] = if cfg.quick { &[8, 16] } else { &[4, 8, 12, 16] };
-        for split in [false, true] {
-            cuda_mem::testing::set_split_registration(Some(split));
+        // Populate modes: 0 madvise(MADV_POPULATE_WRITE) (the library's), 1 one write per
+        // page, 2 MAP_POPULATE (one thread).
+        for mode in [0u8, 1, 2] {
+            cuda_mem::testing::set_populate_mode(mode);
             for huge in [false, true] {
                 for &threads in thread_counts {
+                    if mode == 2 && threads != thread_counts[0] {
+                        continue;
+                    }
                     let strategy = PinStrategy::MapRegister {
                         threads,
                         huge_pages: huge,
@@ -285,7 +294,8 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
                         f.push(t.elapsed().as_secs_f64() * 1e3);
                     }
                     let ours = median(&a);
-                    let c = format!("threads={threads} huge={huge} split={split}");
+                    let how = ["madvise", "touch", "map_populate"][mode as usize];
+                    let c = format!("threads={threads} huge={huge} populate={how}");
                     row(
                         res,
                         "cold_pin",
@@ -325,68 +335,66 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
                     );
                 }
             }
-            // Copy bandwidth and data from such a buffer against cudaHostAlloc memory.
-            let strategy = PinStrategy::MapRegister {
-                threads: 16,
-                huge_pages: true,
-            };
-            let mut ours = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
-            let mut theirs = PinnedBuffer::<u8>::zeroed(b, HostAllocFlags::DEFAULT)?;
-            for (i, x) in ours.as_mut_slice()?.iter_mut().enumerate() {
-                *x = (i * 7 + i / 4093) as u8;
-            }
-            theirs.as_mut_slice()?.fill(3);
-            let mut dev = DeviceBuffer::<u8>::uninit(b)?;
-            let (mut o, mut r) = (Vec::new(), Vec::new());
-            for i in 0..8 {
-                let t = Instant::now();
-                copy_async(&mut dev, &ours, &s)?;
-                s.synchronize()?;
-                let to = t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                copy_async(&mut dev, &theirs, &s)?;
-                s.synchronize()?;
-                let tr = t.elapsed().as_secs_f64();
-                if i > 0 {
-                    o.push(gbps(bytes, to));
-                    r.push(gbps(bytes, tr));
-                }
-            }
-            let (go, gr) = (median(&o), median(&r));
-            row(
-                res,
-                "cold_pin_copy",
-                format!("h2d threads=16 huge=true split={split}"),
-                bytes,
-                "GB/s",
-                [go, gr, go / gr],
-            );
-            // The data crosses intact, both ways, across the registrations.
-            copy_async(&mut dev, &ours, &s)?;
-            let mut back = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
-            let t = Instant::now();
-            copy_async(&mut back, &dev, &s)?;
-            s.synchronize()?;
-            let gd = gbps(bytes, t.elapsed().as_secs_f64());
-            row(
-                res,
-                "cold_pin_copy",
-                format!("d2h threads=16 huge=true split={split}"),
-                bytes,
-                "GB/s",
-                [gd, f64::NAN, f64::NAN],
-            );
-            res.checks.push(Check {
-                what: format!(
-                    "mapped-and-registered round trip, split={split}, {}",
-                    fmt_size(bytes)
-                ),
-                bytes,
-                ok: back.as_slice()? == ours.as_slice()?,
-                detail: None,
-            });
         }
-        cuda_mem::testing::set_split_registration(None);
+        cuda_mem::testing::set_populate_mode(0);
+        // Copy bandwidth and data from such a buffer against cudaHostAlloc memory.
+        let strategy = PinStrategy::Auto;
+        let mut ours = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;
+        let mut theirs = PinnedBuffer::<u8>::zeroed(b, HostAllocFlags::DEFAULT)?;
+        for (i, x) in ours.as_mut_slice()?.iter_mut().enumerate() {
+            *x = (i * 7 + i / 4093) as u8;
+        }
+        theirs.as_mut_slice()?.fill(3);
+        let mut dev = DeviceBuffer::<u8>::uninit(b)?;
+        let (mut o, mut r, mut od, mut rd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let t = Instant::now();
+            f()?;
+            s.synchronize()?;
+            Ok(gbps(bytes, t.elapsed().as_secs_f64()))
+        };
+        for i in 0..8 {
+            let a = time(&mut || copy_async(&mut dev, &ours, &s))?;
+            let c = time(&mut || copy_async(&mut dev, &theirs, &s))?;
+            let d = time(&mut || copy_async(&mut ours, &dev, &s))?;
+            let e = time(&mut || copy_async(&mut theirs, &dev, &s))?;
+            if i > 0 {
+                o.push(a);
+                r.push(c);
+                od.push(d);
+                rd.push(e);
+            }
+        }
+        let (go, gr) = (median(&o), median(&r));
+        row(
+            res,
+            "cold_pin_copy",
+            "h2d auto".into(),
+            bytes,
+            "GB/s",
+            [go, gr, go / gr],
+        );
+        let (go, gr) = (median(&od), median(&rd));
+        row(
+            res,
+            "cold_pin_copy",
+            "d2h auto".into(),
+            bytes,
+            "GB/s",
+            [go, gr, go / gr],
+        );
+        // The data crosses intact: a pattern from `ours` through the device into `theirs`.
+        for (i, x) in ours.as_mut_slice()?.iter_mut().enumerate() {
+            *x = (i * 7 + i / 4093) as u8;
+        }
+        copy_async(&mut dev, &ours, &s)?;
+        copy_async(&mut theirs, &dev, &s)?;
+        res.checks.push(Check {
+            what: format!("mapped-and-registered round trip, {}", fmt_size(bytes)),
+            bytes,
+            ok: ours.as_slice()? == theirs.as_slice()?,
+            detail: None,
+        });
     }
     Ok(())
 }

@@ -137,16 +137,11 @@ fn map_register_pins_memory_that_copies_and_maps() {
     let dev = gpu_or_skip!();
     let n = (48 << 20) / 4 + 5; // not a multiple of the 2 MiB mapping granularity
     let data = pattern(n, 7);
-    // One registration of the whole range (the default), and one per populating thread
-    // (the copy then spans several registrations).
-    for (flags, huge, split) in [
-        (F::DEFAULT, true, false),
-        (F::DEFAULT, false, false),
-        (F::PORTABLE | F::MAPPED, true, false),
-        (F::DEFAULT, true, true),
-        (F::PORTABLE | F::MAPPED, false, true),
+    for (flags, huge) in [
+        (F::DEFAULT, true),
+        (F::DEFAULT, false),
+        (F::PORTABLE | F::MAPPED, true),
     ] {
-        cuda_mem::testing::set_split_registration(Some(split));
         let strategy = PinStrategy::MapRegister {
             threads: 8,
             huge_pages: huge,
@@ -175,7 +170,6 @@ fn map_register_pins_memory_that_copies_and_maps() {
         }
         let _ = dev;
     }
-    cuda_mem::testing::set_split_registration(None);
     let wc = PinnedBuffer::<u8>::with_strategy(
         1 << 20,
         F::WRITE_COMBINED,
