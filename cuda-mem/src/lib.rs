@@ -80,7 +80,7 @@ pub use mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
 pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};
 pub use pinned::{HostAllocFlags, PinnedBuffer};
 pub use pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedPoolStats};
-pub use pinning::{PinStrategy, AUTO_MAP_REGISTER_FROM, DEFAULT_PIN_THREADS};
+pub use pinning::{default_pin_threads, PinStrategy, AUTO_MAP_REGISTER_FROM};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};
 pub use pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
 pub use registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};

@@ -19,7 +19,7 @@ use crate::copy::Loc;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
-use crate::pinned_pool::{BlockOwner, PinnedPool};
+use crate::pinned_pool::{BlockOwner, PoolRef};
 use crate::pinning::{Block, PinStrategy};
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::{self, fmt_bytes};
@@ -318,7 +318,7 @@ impl<T: Pod> PinnedBuffer<T> {
         block: Block,
         len: usize,
         flags: HostAllocFlags,
-        pool: Option<(PinnedPool, usize)>,
+        pool: Option<(PoolRef, usize)>,
     ) -> Result<Self> {
         let ptr = block.ptr().cast::<T>();
         let owner = BlockOwner { block, pool };

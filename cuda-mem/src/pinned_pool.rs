@@ -29,7 +29,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -231,10 +231,35 @@ pub struct PinnedPool {
 }
 
 struct Shared {
-    shards: Box<[Mutex<State<Arc<Event>>>]>,
-    /// Bytes cached over all shards, for the bound.
-    cached: AtomicUsize,
+    shards: Box<[Shard]>,
     config: PinnedPoolConfig,
+}
+
+/// One shard: its state, and a copy of its cached byte count that other threads read
+/// without the lock (for the bound). Aligned to keep shards off each other's cache lines.
+#[repr(align(128))]
+struct Shard {
+    state: Mutex<State<Arc<Event>>>,
+    cached: AtomicI64,
+}
+
+/// The process-wide pool, once made.
+static GLOBAL: OnceLock<PinnedPool> = OnceLock::new();
+
+/// How a buffer refers to its pool: the process-wide pool needs no reference count (it is
+/// never dropped), which keeps threads that allocate from it at once off one shared counter.
+pub(crate) enum PoolRef {
+    Global,
+    Owned(PinnedPool),
+}
+
+impl PoolRef {
+    fn get(&self) -> &PinnedPool {
+        match self {
+            PoolRef::Global => PinnedPool::global(),
+            PoolRef::Owned(p) => p,
+        }
+    }
 }
 
 impl fmt::Debug for PinnedPool {
@@ -269,8 +294,12 @@ impl PinnedPool {
             .clamp(1, 64);
         PinnedPool {
             shared: Arc::new(Shared {
-                shards: (0..n).map(|_| Mutex::new(State::new())).collect(),
-                cached: AtomicUsize::new(0),
+                shards: (0..n)
+                    .map(|_| Shard {
+                        state: Mutex::new(State::new()),
+                        cached: AtomicI64::new(0),
+                    })
+                    .collect(),
                 config,
             }),
         }
@@ -279,8 +308,15 @@ impl PinnedPool {
     /// The process-wide pool with the default configuration, made on first use (staged
     /// copies take their chunks from it).
     pub fn global() -> &'static PinnedPool {
-        static GLOBAL: OnceLock<PinnedPool> = OnceLock::new();
         GLOBAL.get_or_init(PinnedPool::default)
+    }
+
+    /// How a buffer refers to this pool.
+    fn as_ref_for_buffer(&self) -> PoolRef {
+        match GLOBAL.get() {
+            Some(g) if Arc::ptr_eq(&g.shared, &self.shared) => PoolRef::Global,
+            _ => PoolRef::Owned(self.clone()),
+        }
     }
 
     /// The configuration.
@@ -291,8 +327,27 @@ impl PinnedPool {
     fn lock(&self, shard: usize) -> MutexGuard<'_, State<Arc<Event>>> {
         // The state is consistent between statements that could panic: recover it.
         self.shared.shards[shard]
+            .state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes shard `i`'s cached bytes (call with its lock held, `st` its state).
+    fn publish(&self, i: usize, st: &State<Arc<Event>>) {
+        self.shared.shards[i]
+            .cached
+            .store(st.c.cached, Ordering::Relaxed);
+    }
+
+    /// Bytes cached over all shards (a snapshot).
+    fn cached_total(&self) -> usize {
+        let sum: i64 = self
+            .shared
+            .shards
+            .iter()
+            .map(|s| s.cached.load(Ordering::Relaxed))
+            .sum();
+        sum.max(0) as usize
     }
 
     fn mine(&self) -> usize {
@@ -328,7 +383,14 @@ impl PinnedPool {
         let block = self.take_or_make(key, flags)?;
         // SAFETY: the block holds `key.class >= bytes` initialised bytes (see the module
         // docs) and is owned by the buffer from now on; `from_block` checks the alignment.
-        unsafe { PinnedBuffer::from_block(block, len, flags, Some((self.clone(), key.class))) }
+        unsafe {
+            PinnedBuffer::from_block(
+                block,
+                len,
+                flags,
+                Some((self.as_ref_for_buffer(), key.class)),
+            )
+        }
     }
 
     /// [`alloc`](Self::alloc), then zero-filled.
@@ -353,24 +415,20 @@ impl PinnedPool {
     /// moving completed pending blocks to the free lists).
     fn take(&self, key: Key) -> Option<Block> {
         let mine = self.mine();
-        {
-            let mut st = self.lock(mine);
-            if let Some(b) = st.take(key) {
-                drop(st);
-                self.shared.cached.fetch_sub(key.class, Ordering::Relaxed);
-                return Some(b);
-            }
-        }
         let n = self.shared.shards.len();
         for i in 0..n {
-            let mut st = self.lock((mine + i) % n);
+            let at = (mine + i) % n;
+            let mut st = self.lock(at);
+            if let Some(b) = st.take(key) {
+                self.publish(at, &st);
+                return Some(b);
+            }
             if !st.pending.is_empty() {
                 st.poll(event_done);
-            }
-            if let Some(b) = st.take(key) {
-                drop(st);
-                self.shared.cached.fetch_sub(key.class, Ordering::Relaxed);
-                return Some(b);
+                if let Some(b) = st.take(key) {
+                    self.publish(at, &st);
+                    return Some(b);
+                }
             }
         }
         None
@@ -441,10 +499,17 @@ impl PinnedPool {
                 return Err(e);
             }
         };
-        self.lock(mine).give_back(key, block, events);
-        let cached = self.shared.cached.fetch_add(class, Ordering::Relaxed) + class;
+        let own = {
+            let mut st = self.lock(mine);
+            st.give_back(key, block, events);
+            self.publish(mine, &st);
+            st.c.cached
+        };
+        // Every shard within its share of the bound keeps the total within it; only past
+        // that are the other shards' counts read.
         let max = self.shared.config.max_cached_bytes;
-        if cached > max {
+        let share = (max / self.shared.shards.len()) as i64;
+        if own > share && self.cached_total() > max {
             return self.evict_to(max).map(|_| ());
         }
         Ok(())
@@ -458,22 +523,20 @@ impl PinnedPool {
         let mut blocks = Vec::new();
         let mut total = 0;
         for i in 0..n {
-            let excess = self
-                .shared
-                .cached
-                .load(Ordering::Relaxed)
-                .saturating_sub(keep);
+            let excess = self.cached_total().saturating_sub(keep);
             if excess == 0 {
                 break;
             }
+            let at = (mine + i) % n;
             let (b, bytes) = {
-                let mut st = self.lock((mine + i) % n);
+                let mut st = self.lock(at);
                 if !st.pending.is_empty() {
                     st.poll(event_done);
                 }
-                st.evict(excess)
+                let r = st.evict(excess);
+                self.publish(at, &st);
+                r
             };
-            self.shared.cached.fetch_sub(bytes, Ordering::Relaxed);
             total += bytes;
             blocks.extend(b);
         }
@@ -558,7 +621,7 @@ impl Drop for Shared {
     /// wait fails). Errors are ignored: drop never panics.
     fn drop(&mut self) {
         for shard in self.shards.iter_mut() {
-            let st = shard.get_mut().unwrap_or_else(|e| e.into_inner());
+            let st = shard.state.get_mut().unwrap_or_else(|e| e.into_inner());
             for (_, blocks) in std::mem::take(&mut st.free) {
                 for b in blocks {
                     let _ = b.free();
@@ -577,7 +640,7 @@ impl Drop for Shared {
 /// class), or its own.
 pub(crate) struct BlockOwner {
     pub(crate) block: Block,
-    pub(crate) pool: Option<(PinnedPool, usize)>,
+    pub(crate) pool: Option<(PoolRef, usize)>,
 }
 
 impl fmt::Debug for BlockOwner {
@@ -597,7 +660,7 @@ impl BlockOwner {
     /// blocking, or waited for and freed. On error the memory is leaked.
     pub(crate) fn release(self, flags: HostAllocFlags, fence: &Fence) -> Result<()> {
         match self.pool {
-            Some((pool, class)) => pool.give_back(class, flags, self.block, fence),
+            Some((pool, class)) => pool.get().give_back(class, flags, self.block, fence),
             None => {
                 fence.host_wait(Access::Write)?;
                 self.block.free()

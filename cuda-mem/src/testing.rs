@@ -148,8 +148,9 @@ pub fn host_copy(dst: &mut [u8], src: &[u8], nt: bool) {
 }
 
 /// How mapped-and-registered pinning ([`PinStrategy::MapRegister`](crate::PinStrategy))
-/// faults pages in: 0 `madvise(MADV_POPULATE_WRITE)` (the library's way), 1 one write per
-/// page, 2 `MAP_POPULATE` (one thread, in the kernel). Process-wide, for `cuda-mem bench`.
+/// faults pages in: 0 one write per page (the library's way), 1
+/// `madvise(MADV_POPULATE_WRITE)`, 2 `MAP_POPULATE` (one thread, in the kernel).
+/// Process-wide, for `cuda-mem bench`.
 pub fn set_populate_mode(mode: u8) {
     crate::pinning::POPULATE.store(mode.min(2), std::sync::atomic::Ordering::Relaxed);
 }

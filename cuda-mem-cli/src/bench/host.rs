@@ -266,8 +266,8 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
         }
         let reference = median(&host_alloc);
         let thread_counts: &[usize] = if cfg.quick { &[8, 16] } else { &[4, 8, 12, 16] };
-        // Populate modes: 0 madvise(MADV_POPULATE_WRITE) (the library's), 1 one write per
-        // page, 2 MAP_POPULATE (one thread).
+        // Populate modes: 0 one write per page (the library's), 1
+        // madvise(MADV_POPULATE_WRITE), 2 MAP_POPULATE (one thread).
         for mode in [0u8, 1, 2] {
             cuda_mem::testing::set_populate_mode(mode);
             for huge in [false, true] {
@@ -294,7 +294,7 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
                         f.push(t.elapsed().as_secs_f64() * 1e3);
                     }
                     let ours = median(&a);
-                    let how = ["madvise", "touch", "map_populate"][mode as usize];
+                    let how = ["touch", "madvise", "map_populate"][mode as usize];
                     let c = format!("threads={threads} huge={huge} populate={how}");
                     row(
                         res,
