@@ -312,6 +312,20 @@ impl MemPool {
         Ok(pool)
     }
 
+    /// A stand-in pool whose handle is never passed to the runtime, for timing the
+    /// bookkeeping of pooled buffers without a GPU (`testing::detached_pool_pairs`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn detached() -> MemPool {
+        MemPool {
+            inner: Arc::new(PoolInner {
+                raw: NonNull::dangling().as_ptr(),
+                // Not owned: never destroyed.
+                owned: false,
+                location: PoolLocation::Device(0),
+            }),
+        }
+    }
+
     /// Where the pool's memory lives.
     pub fn location(&self) -> PoolLocation {
         self.inner.location
@@ -519,16 +533,32 @@ impl Pooled {
     /// after every piece of work recorded on the fence, without blocking the host. On error
     /// nothing was freed: the caller leaks the memory.
     pub(crate) fn free(&self, ptr: *mut c_void, bytes: usize, fence: &Fence) -> Result<()> {
+        self.free_with(ptr, bytes, fence, |ptr, s| {
+            // SAFETY: we own the allocation (from this pool, allocated on `s`); `free_with`
+            // ordered the stream after all pending work on it on other streams, and its own
+            // earlier work precedes the free in stream order. Nothing uses the memory
+            // afterwards.
+            let code = unsafe { sys::cudaFreeAsync(ptr, s.as_raw()) };
+            check(code, || format!("cudaFreeAsync({ptr:p}, {s:?})"))
+        })
+    }
+
+    /// [`free`](Self::free) with the runtime call `raw_free` (the ablation seam of
+    /// `testing::PoolPair`), called with the allocation stream
+    /// ordered after all work recorded on `fence` and its device current.
+    pub(crate) fn free_with(
+        &self,
+        ptr: *mut c_void,
+        bytes: usize,
+        fence: &Fence,
+        raw_free: impl FnOnce(*mut c_void, &Stream) -> Result<()>,
+    ) -> Result<()> {
         let s = &self.stream;
         // The legacy stream's null handle means the current device's: make its device current.
         let _g = s.inner().enter()?;
         // Ordering without marking: nothing can wait for the free, the buffer is gone after it.
         fence.order(s, (0, bytes), Access::Write)?;
-        // SAFETY: we own the allocation (from this pool, allocated on `s`); the stream was
-        // ordered above after all pending work on it on other streams, and its own earlier work
-        // precedes the free in stream order. Nothing uses the memory afterwards.
-        let code = unsafe { sys::cudaFreeAsync(ptr, s.as_raw()) };
-        check(code, || format!("cudaFreeAsync({ptr:p}, {s:?})"))
+        raw_free(ptr, s)
     }
 }
 
@@ -542,8 +572,7 @@ pub(crate) fn alloc(
     stream: &Stream,
     op: &'static str,
 ) -> Result<(NonNull<c_void>, Pooled)> {
-    let _g = stream.inner().enter()?;
-    let raw_alloc = || {
+    alloc_with(pool, stream, op, || {
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the pool and stream are live handles; `bytes` is non-zero
         // (checked by the callers) and the runtime validates the rest.
@@ -557,7 +586,18 @@ pub(crate) fn alloc(
             )
         })
         .map(|()| raw)
-    };
+    })
+}
+
+/// [`alloc`] with the runtime call `raw_alloc` (the ablation seam of
+/// `testing::PoolPair`), called with the stream's device current.
+pub(crate) fn alloc_with(
+    pool: &MemPool,
+    stream: &Stream,
+    op: &'static str,
+    raw_alloc: impl Fn() -> Result<*mut c_void>,
+) -> Result<(NonNull<c_void>, Pooled)> {
+    let _g = stream.inner().enter()?;
     let raw = match raw_alloc() {
         Err(e) if e.is_out_of_memory() => {
             let _ = pool.trim(0);

@@ -5,6 +5,7 @@
 //! tests running in parallel do not see each other's failures.
 
 use std::cell::Cell;
+use std::os::raw::c_void;
 
 use bytemuck::Pod;
 
@@ -109,6 +110,80 @@ impl FencePair {
         let _d = self.dst.begin(stream, (0, bytes), Access::Write)?;
         Ok(queue())
     }
+}
+
+/// The host bookkeeping of one pooled allocation and its free
+/// ([`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool) and its drop: the pool and
+/// stream handles the buffer keeps, its fence, the allocation recorded on it, the free ordered
+/// after it) around raw calls that the caller makes, for `cuda-mem bench`'s ablation row: its
+/// overhead over the raw calls alone is the bookkeeping's share of the pooled buffer's.
+#[derive(Debug)]
+pub struct PoolPair {
+    pool: crate::MemPool,
+    stream: crate::Stream,
+}
+
+impl PoolPair {
+    /// Bookkeeping for allocations from `pool` on `stream`.
+    pub fn new(pool: &crate::MemPool, stream: &crate::Stream) -> Self {
+        PoolPair {
+            pool: pool.clone(),
+            stream: crate::Stream::from_inner(stream.inner().clone()),
+        }
+    }
+
+    /// One pair: `alloc` (the caller's `cudaMallocFromPoolAsync` on the pool and stream) with
+    /// our allocation bookkeeping, then `free` of its pointer (the caller's `cudaFreeAsync` on
+    /// the stream) with our free bookkeeping, as a pooled buffer does them.
+    pub fn around(
+        &self,
+        bytes: usize,
+        alloc: impl Fn() -> Result<*mut c_void>,
+        free: impl FnOnce(*mut c_void) -> Result<()>,
+    ) -> Result<()> {
+        let (ptr, pooled) = crate::pool::alloc_with(&self.pool, &self.stream, "PoolPair", alloc)?;
+        let fence = crate::fence::Fence::default();
+        pooled.record_alloc(&fence, bytes)?;
+        let freed = pooled.free_with(ptr.as_ptr(), bytes, &fence, |p, _| free(p));
+        drop(fence);
+        drop(pooled);
+        freed
+    }
+}
+
+/// Runs `pairs` allocation + free pairs of [`PoolPair`] bookkeeping with stand-in runtime
+/// calls, on a stand-in pool and stream whose handles never reach the runtime (one stream
+/// only: its fence never records an event), and returns the time they took. Needs no GPU: it
+/// times the host bookkeeping of pooled buffers alone, on any machine.
+pub fn detached_pool_pairs(pairs: u32, bytes: usize) -> Result<std::time::Duration> {
+    // SAFETY: the dangling handle is never passed to the runtime: `PoolPair::around` below
+    // makes no runtime call on its own with a stream that is not the legacy stream (`enter`
+    // does nothing), whose fence holds one stream only (nothing is ever recorded or waited
+    // for), and whose stand-in calls cannot fail (no trim of the pool either). Not owned: never
+    // destroyed.
+    let stream = unsafe {
+        crate::Stream::from_raw(
+            std::ptr::NonNull::dangling().as_ptr(),
+            crate::Device::from_ordinal_unchecked(0),
+        )
+    };
+    let pair = PoolPair {
+        pool: crate::MemPool::detached(),
+        stream,
+    };
+    let fake: *mut c_void = std::ptr::NonNull::<u64>::dangling().as_ptr().cast();
+    let t = std::time::Instant::now();
+    for _ in 0..pairs {
+        pair.around(
+            std::hint::black_box(bytes),
+            || Ok(std::hint::black_box(fake)),
+            |p| {
+                std::hint::black_box(p);
+                Ok(())
+            },
+        )?;
+    }
+    Ok(t.elapsed())
 }
 
 /// [`alloc_mapped_uva`](crate::alloc_mapped_uva) with the device-pointer lookup replaced, so
