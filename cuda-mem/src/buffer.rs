@@ -1,7 +1,7 @@
 //! What the owned buffer kinds (device, pinned, managed) have in common.
 
 /// For a buffer type `$ty<T>` with fields `ptr: NonNull<T>`, `len: usize`, `fence: Fence`, and
-/// methods `fn release(&self) -> Result<()>` (waits for the fence, then frees; returns before
+/// methods `fn release(&mut self) -> Result<()>` (waits for the fence, then frees; returns before
 /// freeing when the wait fails), `fn device_addr_impl(&self) -> Result<*const T>` and
 /// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>` and
 /// `fn device_ordinal_impl(&self) -> Option<i32>`: the sealed copy and

@@ -554,7 +554,7 @@ impl<T: Pod> ManagedBuffer<T> {
         self.device
     }
 
-    fn release(&self) -> Result<()> {
+    fn release(&mut self) -> Result<()> {
         self.fence.host_wait(Access::Write)?;
         // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller
         // has current (the guard restores it).

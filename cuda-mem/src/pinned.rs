@@ -258,19 +258,15 @@ impl<T: Pod> PinnedBuffer<T> {
             }
             .into());
         }
-        let (ptr, pooled) = pool::alloc(pool, bytes, stream, op)?;
-        let buf = PinnedBuffer {
+        let (ptr, pooled, fence) = pool::alloc(pool, bytes, stream, op)?;
+        Ok(PinnedBuffer {
             ptr: ptr.cast(),
             len,
             flags: HostAllocFlags::DEFAULT,
-            fence: Fence::default(),
+            fence,
             pooled: Some(pooled),
             _owns: PhantomData,
-        };
-        if let Some(pooled) = &buf.pooled {
-            pooled.record_alloc(&buf.fence, bytes)?;
-        }
-        Ok(buf)
+        })
     }
 
     /// The pool the buffer came from, for a stream-ordered allocation.
@@ -351,9 +347,10 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(())
     }
 
-    fn release(&self) -> Result<()> {
+    fn release(&mut self) -> Result<()> {
         if let Some(pooled) = &self.pooled {
-            return pooled.free(self.ptr.as_ptr().cast(), self.byte_len(), &self.fence);
+            let bytes = self.byte_len();
+            return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
         }
         self.fence.host_wait(Access::Write)?;
         let p = self.ptr.as_ptr();

@@ -141,10 +141,9 @@ impl PoolPair {
         alloc: impl Fn() -> Result<*mut c_void>,
         free: impl FnOnce(*mut c_void) -> Result<()>,
     ) -> Result<()> {
-        let (ptr, pooled) = crate::pool::alloc_with(&self.pool, &self.stream, "PoolPair", alloc)?;
-        let fence = crate::fence::Fence::default();
-        pooled.record_alloc(&fence, bytes)?;
-        let freed = pooled.free_with(ptr.as_ptr(), bytes, &fence, |p, _| free(p));
+        let (ptr, pooled, mut fence) =
+            crate::pool::alloc_with(&self.pool, bytes, &self.stream, "PoolPair", alloc)?;
+        let freed = pooled.free_with(ptr.as_ptr(), bytes, &mut fence, |p, _| free(p));
         drop(fence);
         drop(pooled);
         freed

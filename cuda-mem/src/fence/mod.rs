@@ -111,6 +111,26 @@ impl Fence {
         self.core.order(stream.inner(), bytes, access)
     }
 
+    /// [`order`](Self::order) with the fence borrowed exclusively (a buffer's free): no lock.
+    pub(crate) fn order_mut(
+        &mut self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<()> {
+        self.core.order_mut(stream.inner(), bytes, access)
+    }
+
+    /// A new fence that records work queued on `stream` already, accessing `bytes`: a
+    /// stream-ordered allocation's (a write on its stream), so that other streams and the host
+    /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
+    /// the lock.
+    pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
+        Fence {
+            core: Tracker::marked(stream.inner(), bytes, access),
+        }
+    }
+
     /// Blocks until pending work that conflicts with a host `access` has completed. On error
     /// the work may still be running: do not touch or free the memory.
     pub(crate) fn host_wait(&self, access: Access) -> Result<()> {

@@ -28,6 +28,12 @@
 //! Such an event does not cover that work, so while anything is in flight a recorded event
 //! never marks its entry as covered: the marks stay, and the next wait records again.
 //!
+//! Two calls skip the lock because nobody else can hold it: [`Tracker::marked`] builds a new
+//! tracker that marks work queued already (a stream-ordered allocation, before the buffer
+//! exists for anyone), and [`Tracker::order_mut`] orders through an exclusive borrow (a pooled
+//! buffer's free, queued on its stream after every entry's work). Their state and waits are
+//! those of [`Tracker::mark`] on a new tracker and of [`Tracker::order`].
+//!
 //! A failure never leaves queued work unseen: marking cannot fail; when recording an event
 //! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
 //! returns the error *before* the caller queues anything (in `begin`) or refuses host access
@@ -259,6 +265,17 @@ impl<B: Backend> Tracker<B> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A new tracker that marks work on `stream` accessing `range` as `access`, queued already:
+    /// the state [`mark`](Self::mark) leaves on a new tracker, built without the lock (nobody
+    /// else can see the tracker yet). A stream-ordered allocation starts its fence so.
+    pub fn marked(stream: &B::Stream, range: (usize, usize), access: Access) -> Self {
+        let mut t = Self::default();
+        let st = t.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // Nothing can be in flight on a tracker nobody else has seen.
+        Self::mark_locked(st, true, stream, range, access);
+        t
+    }
+
     /// Before queueing work on `stream` that accesses `range` as `access`: makes `stream` wait
     /// (device side) for conflicting work of other streams, and marks the work as in flight.
     /// Call [`end`](Self::end) once it is queued (or queueing failed). On error nothing was
@@ -303,6 +320,21 @@ impl<B: Backend> Tracker<B> {
         let mut st = self.lock();
         let full = self.settled();
         Self::order_locked(&mut st, full, stream, range, access)
+    }
+
+    /// [`order`](Self::order) through an exclusive borrow, which no other thread can hold the
+    /// lock against: the same ordering, without locking (a buffer's free).
+    pub fn order_mut(
+        &mut self,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) -> Result<(), B::Error> {
+        // (With `&mut self` no `begin` can have its `end` pending unless one was leaked: read
+        // the count all the same, as `order` does.)
+        let full = self.settled();
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        Self::order_locked(st, full, stream, range, access)
     }
 
     /// `full`: nothing is in flight (see [`settled`](Self::settled)).
