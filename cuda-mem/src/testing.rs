@@ -155,11 +155,10 @@ impl PoolPair {
 /// only: its fence never records an event), and returns the time they took. Needs no GPU: it
 /// times the host bookkeeping of pooled buffers alone, on any machine.
 pub fn detached_pool_pairs(pairs: u32, bytes: usize) -> Result<std::time::Duration> {
-    // SAFETY: the dangling handle is never passed to the runtime: `PoolPair::around` below
-    // makes no runtime call on its own with a stream that is not the legacy stream (`enter`
-    // does nothing), whose fence holds one stream only (nothing is ever recorded or waited
-    // for), and whose stand-in calls cannot fail (no trim of the pool either). Not owned: never
-    // destroyed.
+    // SAFETY: the dangling handle never reaches the runtime: it is not the legacy stream's
+    // (so `enter` makes no call), the fences of the pairs below only ever hold this one stream
+    // (nothing is recorded or waited for), and the stand-in calls cannot fail (so the pool is
+    // never trimmed). Not owned: never destroyed.
     let stream = unsafe {
         crate::Stream::from_raw(
             std::ptr::NonNull::dangling().as_ptr(),
