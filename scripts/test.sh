@@ -42,9 +42,11 @@ fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
   echo "== Miri (code that needs no GPU)"
   # The unit tests that make no runtime call: size arithmetic, flags, error formatting, copy
-  # planning. (Miri cannot call into cudart.)
+  # planning, the fence bookkeeping over a counting backend. (Miri cannot call into cudart.)
   cargo +nightly miri test -p cuda-mem --lib -- \
-    size:: error::tests copy::tests managed::tests pinned::tests kernel::tests
+    size:: error::tests copy::tests managed::tests pinned::tests kernel::tests fence::
+  # A pooled buffer's whole bookkeeping (handles, fence, free ordering) on stand-in handles.
+  cargo +nightly miri test -p cuda-mem --features testing --lib -- testing::
 else
   echo "SKIP Miri: the nightly toolchain with the miri component is not installed" \
        "(rustup toolchain install nightly --component miri)"

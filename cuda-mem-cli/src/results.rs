@@ -330,8 +330,8 @@ pub const COPY_KINDS: [&str; 7] = [
 pub const KERNEL_KINDS: [&str; 4] = ["device", "mapped", "managed_fault", "managed_prefetched"];
 
 /// The allocation kinds, in report order; the `pool*` and `host_pool` rows are stream-ordered
-/// allocation (`bench::pools`).
-pub const ALLOC_KINDS: [&str; 10] = [
+/// allocation (`bench::pools`; `pool_bookkeeping_only` is an ablation of `pool`).
+pub const ALLOC_KINDS: [&str; 11] = [
     "device",
     "pinned",
     "write_combined",
@@ -341,6 +341,7 @@ pub const ALLOC_KINDS: [&str; 10] = [
     "pool_default_sync",
     "pool_sync",
     "pool",
+    "pool_bookkeeping_only",
     "host_pool",
 ];
 

@@ -141,12 +141,18 @@ struct World {
 
 impl World {
     fn new(streams: usize) -> Arc<World> {
+        Self::with_fence(streams, |_| Tracker::default())
+    }
+
+    /// A world whose fence `fence` makes from the streams (after queueing work on them in
+    /// the model GPU, as the crate does before it builds a marked fence).
+    fn with_fence(streams: usize, fence: impl FnOnce(&World) -> Tracker<Model>) -> Arc<World> {
         let gpu = Arc::new(Mutex::new(Gpu {
             ops: vec![Vec::new(); streams],
             done: vec![0; streams],
             fail_records: 0,
         }));
-        Arc::new(World {
+        let mut w = World {
             streams: (0..streams)
                 .map(|id| MockStream {
                     id,
@@ -155,7 +161,36 @@ impl World {
                 .collect(),
             gpu,
             fence: Tracker::default(),
-        })
+        };
+        w.fence = fence(&w);
+        Arc::new(w)
+    }
+
+    /// Queues work on the model GPU, first checking that every conflicting work item already
+    /// queued on another stream is complete or ordered before it. (Concurrent queueing of
+    /// conflicting work is excluded by Rust's borrows in the crate, and the scenarios respect
+    /// that.)
+    fn enqueue(&self, stream: usize, range: (usize, usize), access: Access) {
+        let mut g = self.gpu.lock().unwrap();
+        let j = g.ops[stream].len();
+        for t in 0..g.ops.len() {
+            for i in 0..g.ops[t].len() {
+                if let Op::Work {
+                    range: r,
+                    access: a,
+                } = g.ops[t][i]
+                {
+                    if t != stream && conflicts(a, access) && overlap(r, range) {
+                        assert!(
+                            g.done[t] > i || g.before(t, i, stream, j),
+                            "work {i} of stream {t} ({a:?} {r:?}) is not ordered before \
+                             {access:?} {range:?} on stream {stream}"
+                        );
+                    }
+                }
+            }
+        }
+        g.ops[stream].push(Op::Work { range, access });
     }
 
     /// Queues work as the crate does: begin (orders and marks), enqueue, end. Checks device
@@ -165,31 +200,7 @@ impl World {
         self.fence
             .begin(s, range, access)
             .expect("the model's waits do not fail");
-        {
-            let mut g = self.gpu.lock().unwrap();
-            let j = g.ops[stream].len();
-            // Every conflicting work item already queued on another stream must be complete
-            // or ordered before this one. (Concurrent queueing of conflicting work is excluded
-            // by Rust's borrows in the crate, and the scenarios respect that.)
-            for t in 0..g.ops.len() {
-                for i in 0..g.ops[t].len() {
-                    if let Op::Work {
-                        range: r,
-                        access: a,
-                    } = g.ops[t][i]
-                    {
-                        if t != stream && conflicts(a, access) && overlap(r, range) {
-                            assert!(
-                                g.done[t] > i || g.before(t, i, stream, j),
-                                "work {i} of stream {t} ({a:?} {r:?}) is not ordered before \
-                                 {access:?} {range:?} on stream {stream}"
-                            );
-                        }
-                    }
-                }
-            }
-            g.ops[stream].push(Op::Work { range, access });
-        }
+        self.enqueue(stream, range, access);
         self.fence.end();
     }
 
@@ -390,5 +401,38 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
         b.join().unwrap();
         w.queue(1, ALL, Access::Write);
         w.host(Access::Write);
+    });
+}
+
+/// A stream-ordered allocation: the allocation is queued on stream 0, then the fence is built
+/// already marking it (`Tracker::marked`, no lock). Readers on two other threads' streams are
+/// ordered after the allocation and a host read waits for it; the free, ordered through the
+/// exclusive borrow the owner has at drop (`order_mut`, no lock), comes after every reader.
+#[test]
+fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
+    model(|| {
+        let mut w = World::with_fence(3, |w| {
+            w.enqueue(0, ALL, Access::Write); // cudaMallocFromPoolAsync
+            Tracker::marked(&w.streams[0], ALL, Access::Write)
+        });
+        let a = {
+            let w = w.clone();
+            thread::spawn(move || w.queue(1, ALL, Access::Read))
+        };
+        let b = {
+            let w = w.clone();
+            thread::spawn(move || {
+                w.queue(2, (0, 32), Access::Read);
+                w.host(Access::Read);
+            })
+        };
+        a.join().unwrap();
+        b.join().unwrap();
+        // Drop: the owner is the only one left.
+        let w = Arc::get_mut(&mut w).expect("the threads are joined");
+        w.fence
+            .order_mut(&w.streams[0], ALL, Access::Write)
+            .expect("the model's waits do not fail");
+        w.enqueue(0, ALL, Access::Write); // cudaFreeAsync
     });
 }

@@ -111,19 +111,15 @@ impl<T: Pod> DeviceBuffer<T> {
             }
             .into());
         };
-        let (ptr, pooled) = pool::alloc(pool, bytes, stream, op)?;
-        let buf = DeviceBuffer {
+        let (ptr, pooled, fence) = pool::alloc(pool, bytes, stream, op)?;
+        Ok(DeviceBuffer {
             ptr: ptr.cast(),
             len,
             device,
-            fence: Fence::default(),
+            fence,
             pooled: Some(pooled),
             _owns: PhantomData,
-        };
-        if let Some(pooled) = &buf.pooled {
-            pooled.record_alloc(&buf.fence, bytes)?;
-        }
-        Ok(buf)
+        })
     }
 
     /// The pool the buffer came from, for a stream-ordered allocation.
@@ -251,7 +247,8 @@ impl<T: Pod> DeviceBuffer<T> {
 
     fn release(&mut self) -> Result<()> {
         if let Some(pooled) = &self.pooled {
-            return pooled.free(self.ptr.as_ptr().cast(), self.byte_len(), &self.fence);
+            let bytes = self.byte_len();
+            return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
         }
         self.fence.host_wait(Access::Write)?;
         let _guard = if self.device != current_ordinal() {

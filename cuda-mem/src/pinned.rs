@@ -271,20 +271,16 @@ impl<T: Pod> PinnedBuffer<T> {
             }
             .into());
         }
-        let (ptr, pooled) = pool::alloc(pool, bytes, stream, op)?;
-        let buf = PinnedBuffer {
+        let (ptr, pooled, fence) = pool::alloc(pool, bytes, stream, op)?;
+        Ok(PinnedBuffer {
             ptr: ptr.cast(),
             len,
             flags: HostAllocFlags::DEFAULT,
-            fence: Fence::default(),
+            fence,
             pooled: Some(pooled),
             block: None,
             _owns: PhantomData,
-        };
-        if let Some(pooled) = &buf.pooled {
-            pooled.record_alloc(&buf.fence, bytes)?;
-        }
-        Ok(buf)
+        })
     }
 
     /// Allocates `len` zeroed elements of pinned memory made by `strategy` (see
@@ -426,7 +422,8 @@ impl<T: Pod> PinnedBuffer<T> {
             return owner.release(self.flags, &self.fence);
         }
         if let Some(pooled) = &self.pooled {
-            return pooled.free(self.ptr.as_ptr().cast(), self.byte_len(), &self.fence);
+            let bytes = self.byte_len();
+            return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
         }
         self.fence.host_wait(Access::Write)?;
         let p = self.ptr.as_ptr();

@@ -312,6 +312,20 @@ impl MemPool {
         Ok(pool)
     }
 
+    /// A stand-in pool whose handle is never passed to the runtime, for timing the
+    /// bookkeeping of pooled buffers without a GPU (`testing::detached_pool_pairs`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn detached() -> MemPool {
+        MemPool {
+            inner: Arc::new(PoolInner {
+                raw: NonNull::dangling().as_ptr(),
+                // Not owned: never destroyed.
+                owned: false,
+                location: PoolLocation::Device(0),
+            }),
+        }
+    }
+
     /// Where the pool's memory lives.
     pub fn location(&self) -> PoolLocation {
         self.inner.location
@@ -429,7 +443,7 @@ impl MemPool {
         // The null handle is the current device's legacy stream: keep the stream's device
         // current across both calls, so that the free is ordered after the allocation.
         let _g = stream.inner().enter()?;
-        let (ptr, _) = alloc(self, bytes, stream, "MemPool::reserve")?;
+        let (ptr, ..) = alloc(self, bytes, stream, "MemPool::reserve")?;
         let p = ptr.as_ptr();
         // SAFETY: `p` was just allocated on `stream` from this pool and is used by nothing:
         // freeing it in the same stream's order is always valid.
@@ -504,46 +518,52 @@ impl Pooled {
         &self.stream
     }
 
-    /// Records the allocation on the new buffer's `fence` as a write on its stream: other
-    /// streams and the host then wait until the stream has reached it. (On an empty fence this
-    /// cannot block; were it to fail, drop still frees in the same stream's order, which is
-    /// valid.)
-    pub(crate) fn record_alloc(&self, fence: &Fence, bytes: usize) -> Result<()> {
-        let s = &self.stream;
-        let _g = s.inner().enter()?;
-        drop(fence.begin(s, (0, bytes), Access::Write)?);
-        Ok(())
-    }
-
     /// Queues the free of `ptr` (`bytes` long, guarded by `fence`) on the allocation stream,
     /// after every piece of work recorded on the fence, without blocking the host. On error
     /// nothing was freed: the caller leaks the memory.
-    pub(crate) fn free(&self, ptr: *mut c_void, bytes: usize, fence: &Fence) -> Result<()> {
+    pub(crate) fn free(&self, ptr: *mut c_void, bytes: usize, fence: &mut Fence) -> Result<()> {
+        self.free_with(ptr, bytes, fence, |ptr, s| {
+            // SAFETY: we own the allocation (from this pool, allocated on `s`); `free_with`
+            // ordered the stream after all pending work on it on other streams, and its own
+            // earlier work precedes the free in stream order. Nothing uses the memory
+            // afterwards.
+            let code = unsafe { sys::cudaFreeAsync(ptr, s.as_raw()) };
+            check(code, || format!("cudaFreeAsync({ptr:p}, {s:?})"))
+        })
+    }
+
+    /// [`free`](Self::free) with the runtime call `raw_free` (the ablation seam of
+    /// `testing::PoolPair`), called with the allocation stream ordered after all work recorded
+    /// on `fence` and its device current. The exclusive borrow of the fence (the buffer is
+    /// being freed: nothing else can use it) spares the lock.
+    pub(crate) fn free_with(
+        &self,
+        ptr: *mut c_void,
+        bytes: usize,
+        fence: &mut Fence,
+        raw_free: impl FnOnce(*mut c_void, &Stream) -> Result<()>,
+    ) -> Result<()> {
         let s = &self.stream;
         // The legacy stream's null handle means the current device's: make its device current.
         let _g = s.inner().enter()?;
         // Ordering without marking: nothing can wait for the free, the buffer is gone after it.
-        fence.order(s, (0, bytes), Access::Write)?;
-        // SAFETY: we own the allocation (from this pool, allocated on `s`); the stream was
-        // ordered above after all pending work on it on other streams, and its own earlier work
-        // precedes the free in stream order. Nothing uses the memory afterwards.
-        let code = unsafe { sys::cudaFreeAsync(ptr, s.as_raw()) };
-        check(code, || format!("cudaFreeAsync({ptr:p}, {s:?})"))
+        fence.order_mut(s, (0, bytes), Access::Write)?;
+        raw_free(ptr, s)
     }
 }
 
 /// `cudaMallocFromPoolAsync(bytes)` on `stream`; out of memory trims the pool to 0 and retries
-/// once, and a second failure says which pool and how full it is. The caller owns the result and
-/// must record the allocation on its fence (a write on `stream`), so that work elsewhere and
-/// host access wait until the stream has reached the allocation.
+/// once, and a second failure says which pool and how full it is. The caller owns the memory,
+/// to free through the [`Pooled`], and guards it with the [`Fence`], which records the
+/// allocation already (a write on `stream`), so that work elsewhere and host access wait until
+/// the stream has reached it.
 pub(crate) fn alloc(
     pool: &MemPool,
     bytes: usize,
     stream: &Stream,
     op: &'static str,
-) -> Result<(NonNull<c_void>, Pooled)> {
-    let _g = stream.inner().enter()?;
-    let raw_alloc = || {
+) -> Result<(NonNull<c_void>, Pooled, Fence)> {
+    alloc_with(pool, bytes, stream, op, || {
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the pool and stream are live handles; `bytes` is non-zero
         // (checked by the callers) and the runtime validates the rest.
@@ -557,7 +577,19 @@ pub(crate) fn alloc(
             )
         })
         .map(|()| raw)
-    };
+    })
+}
+
+/// [`alloc`] with the runtime call `raw_alloc` (the ablation seam of
+/// `testing::PoolPair`), called with the stream's device current.
+pub(crate) fn alloc_with(
+    pool: &MemPool,
+    bytes: usize,
+    stream: &Stream,
+    op: &'static str,
+    raw_alloc: impl Fn() -> Result<*mut c_void>,
+) -> Result<(NonNull<c_void>, Pooled, Fence)> {
+    let _g = stream.inner().enter()?;
     let raw = match raw_alloc() {
         Err(e) if e.is_out_of_memory() => {
             let _ = pool.trim(0);
@@ -578,11 +610,15 @@ pub(crate) fn alloc(
         r => r?,
     };
     let ptr = NonNull::new(raw).ok_or(Misuse::NullPointer { op })?;
+    // The allocation is queued: mark it on the new fence (which nobody else sees yet, so no
+    // ordering is needed and nothing can be in flight) before anyone can use the memory.
+    let fence = Fence::marked(stream, (0, bytes), Access::Write);
     Ok((
         ptr,
         Pooled {
             pool: pool.clone(),
             stream: Stream::from_inner(stream.inner().clone()),
         },
+        fence,
     ))
 }

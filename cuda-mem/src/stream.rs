@@ -35,8 +35,19 @@ impl StreamInner {
     /// Makes the stream's device current for a runtime call, where the handle alone does not
     /// say which device it means: the null handle is the legacy default stream of whichever
     /// device is current. Owned streams carry their context, so they need nothing.
+    #[inline]
     pub(crate) fn enter(&self) -> Result<Option<DeviceGuard>> {
-        if self.raw.is_null() && crate::devices::current_ordinal() != self.device {
+        if self.raw.is_null() {
+            self.enter_legacy()
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// `enter` for the legacy stream, out of line: the owned streams' path stays a test.
+    #[inline(never)]
+    fn enter_legacy(&self) -> Result<Option<DeviceGuard>> {
+        if crate::devices::current_ordinal() != self.device {
             Device::from_ordinal_unchecked(self.device)
                 .guard()
                 .map(Some)

@@ -5,6 +5,7 @@
 //! tests running in parallel do not see each other's failures.
 
 use std::cell::Cell;
+use std::os::raw::c_void;
 
 use bytemuck::Pod;
 
@@ -122,6 +123,78 @@ impl FencePair {
     }
 }
 
+/// The host bookkeeping of one pooled allocation and its free
+/// ([`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool) and its drop: the pool and
+/// stream handles the buffer keeps, its fence, the allocation recorded on it, the free ordered
+/// after it) around raw calls that the caller makes, for `cuda-mem bench`'s ablation row: its
+/// overhead over the raw calls alone is the bookkeeping's share of the pooled buffer's.
+#[derive(Debug)]
+pub struct PoolPair {
+    pool: crate::MemPool,
+    stream: crate::Stream,
+}
+
+impl PoolPair {
+    /// Bookkeeping for allocations from `pool` on `stream`.
+    pub fn new(pool: &crate::MemPool, stream: &crate::Stream) -> Self {
+        PoolPair {
+            pool: pool.clone(),
+            stream: crate::Stream::from_inner(stream.inner().clone()),
+        }
+    }
+
+    /// One pair: `alloc` (the caller's `cudaMallocFromPoolAsync` on the pool and stream) with
+    /// our allocation bookkeeping, then `free` of its pointer (the caller's `cudaFreeAsync` on
+    /// the stream) with our free bookkeeping, as a pooled buffer does them.
+    pub fn around(
+        &self,
+        bytes: usize,
+        alloc: impl Fn() -> Result<*mut c_void>,
+        free: impl FnOnce(*mut c_void) -> Result<()>,
+    ) -> Result<()> {
+        let (ptr, pooled, mut fence) =
+            crate::pool::alloc_with(&self.pool, bytes, &self.stream, "PoolPair", alloc)?;
+        let freed = pooled.free_with(ptr.as_ptr(), bytes, &mut fence, |p, _| free(p));
+        drop(fence);
+        drop(pooled);
+        freed
+    }
+}
+
+/// Runs `pairs` allocation + free pairs of [`PoolPair`] bookkeeping with stand-in runtime
+/// calls, on a stand-in pool and stream whose handles never reach the runtime (one stream
+/// only: its fence never records an event), and returns the time they took. Needs no GPU: it
+/// times the host bookkeeping of pooled buffers alone, on any machine.
+pub fn detached_pool_pairs(pairs: u32, bytes: usize) -> Result<std::time::Duration> {
+    // SAFETY: the dangling handle never reaches the runtime: it is not the legacy stream's
+    // (so `enter` makes no call), the fences of the pairs below only ever hold this one stream
+    // (nothing is recorded or waited for), and the stand-in calls cannot fail (so the pool is
+    // never trimmed). Not owned: never destroyed.
+    let stream = unsafe {
+        crate::Stream::from_raw(
+            std::ptr::NonNull::dangling().as_ptr(),
+            crate::Device::from_ordinal_unchecked(0),
+        )
+    };
+    let pair = PoolPair {
+        pool: crate::MemPool::detached(),
+        stream,
+    };
+    let fake: *mut c_void = std::ptr::NonNull::<u64>::dangling().as_ptr().cast();
+    let t = std::time::Instant::now();
+    for _ in 0..pairs {
+        pair.around(
+            std::hint::black_box(bytes),
+            || Ok(std::hint::black_box(fake)),
+            |p| {
+                std::hint::black_box(p);
+                Ok(())
+            },
+        )?;
+    }
+    Ok(t.elapsed())
+}
+
 /// [`alloc_mapped_uva`](crate::alloc_mapped_uva) with the device-pointer lookup replaced, so
 /// that tests can force its failure paths (a lookup error, a pointer mismatch) and check that
 /// the host allocation was freed.
@@ -158,4 +231,14 @@ pub fn set_populate_mode(mode: u8) {
 /// Map, populate and register time of this thread's last mapped-and-registered block.
 pub fn last_pin_phases() -> [std::time::Duration; 3] {
     crate::pinning::last_phases()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The stand-in pairs run on any machine: their bookkeeping makes no runtime call (one
+    /// would fail here without a driver, or be refused for the stand-in handles with one).
+    #[test]
+    fn detached_pool_pairs_need_no_runtime() {
+        super::detached_pool_pairs(100, 4096).unwrap();
+    }
 }

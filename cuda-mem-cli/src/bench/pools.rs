@@ -11,6 +11,11 @@
 //!   raw: `cudaMallocFromPoolAsync` + `cudaFreeAsync` + synchronize on the same pool.
 //! - `pool`: our pool without a synchronize: the cost of a pair on the host, timed in batches of
 //!   [`BATCH`] pairs (the stream is synchronized between batches, untimed).
+//! - `pool_bookkeeping_only`: ablation of `pool`: the raw pair with our host bookkeeping around
+//!   it ([`cuda_mem::testing::PoolPair`]: the pool and stream handles a pooled buffer keeps,
+//!   its fence, the allocation recorded on it, the free ordered after it), against the raw pair
+//!   alone, batched as `pool`. Its overhead is the bookkeeping's share of `pool`'s; the rest is
+//!   the buffer type around it.
 //! - `host_pool`: pinned memory from a host-location pool, synchronized per pair; raw: the same
 //!   calls on the same pool. Compare with the `pinned` row (`cudaHostAlloc` +
 //!   `cudaFreeHost`); the pinned pool of the host-speed issue does not exist yet.
@@ -30,7 +35,13 @@ use crate::results::{AllocRow, BenchResults, Check, CopyRow};
 use crate::units::{fmt_size, gbps, MIB};
 
 /// The allocation kinds measured here.
-pub const KINDS: [&str; 4] = ["pool_default_sync", "pool_sync", "pool", "host_pool"];
+pub const KINDS: [&str; 5] = [
+    "pool_default_sync",
+    "pool_sync",
+    "pool",
+    "pool_bookkeeping_only",
+    "host_pool",
+];
 
 /// Pairs per timed sample of the unsynchronized `pool` row.
 pub const BATCH: u32 = 200;
@@ -58,6 +69,31 @@ fn raw_pair(pool: Option<&MemPool>, bytes: usize, stream: &Stream, sync: bool) -
         stream.synchronize()?;
     }
     Ok(())
+}
+
+/// One raw pair (no synchronize) with our bookkeeping around it.
+fn bookkeeping_pair(
+    pair: &cuda_mem::testing::PoolPair,
+    pool: &MemPool,
+    bytes: usize,
+    stream: &Stream,
+) -> Result<()> {
+    pair.around(
+        bytes,
+        || {
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; live pool and stream handles.
+            let code = unsafe {
+                sys::cudaMallocFromPoolAsync(&mut p, bytes, pool.as_raw(), stream.as_raw())
+            };
+            raw::check(code, || format!("cudaMallocFromPoolAsync({bytes})")).map(|()| p)
+        },
+        |p| {
+            // SAFETY: `p` was just allocated on `stream` and is used by nothing; freed once.
+            let code = unsafe { sys::cudaFreeAsync(p, stream.as_raw()) };
+            raw::check(code, || "cudaFreeAsync".into())
+        },
+    )
 }
 
 /// One pair through our API.
@@ -180,6 +216,38 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                     spread: t.ours_q,
                     note: Some(note),
                 });
+            }
+            if kind == "pool" {
+                // Ablation of this row: the raw pair with only our bookkeeping around it.
+                let kind = "pool_bookkeeping_only";
+                let r = match pool {
+                    Ok(pool) => {
+                        let pair = cuda_mem::testing::PoolPair::new(pool, &stream);
+                        measure(
+                            samples,
+                            BATCH,
+                            &stream,
+                            &mut || bookkeeping_pair(&pair, pool, n, &stream),
+                            &mut || raw_pair(Some(pool), n, &stream, false),
+                        )
+                    }
+                    Err(e) => Err(e.clone()),
+                };
+                if let Some(t) = attempt(res, &[kind], "alloc", r)? {
+                    res.allocs.push(AllocRow {
+                        kind,
+                        bytes,
+                        reps: samples * BATCH,
+                        us: t.ours,
+                        raw_us: t.raw,
+                        ratio: t.ratio,
+                        spread: t.ours_q,
+                        note: Some(
+                            "ablation of pool: the raw pair with only our bookkeeping around it \
+                             (testing::PoolPair); µs - raw µs is its share",
+                        ),
+                    });
+                }
             }
         }
     }

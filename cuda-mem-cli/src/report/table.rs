@@ -312,7 +312,12 @@ pub fn bench_table(r: &BenchResults) -> String {
             let cell = match r.allocs.iter().find(|a| a.kind == kind && a.bytes == s) {
                 Some(a) => {
                     note = note.or(a.note);
-                    format!("{:.1} ({:.2})", a.us, a.ratio)
+                    // Sub-microsecond rows (pools) differ in the second decimal.
+                    if a.us < 10.0 {
+                        format!("{:.2} ({:.2})", a.us, a.ratio)
+                    } else {
+                        format!("{:.1} ({:.2})", a.us, a.ratio)
+                    }
                 }
                 None => "-".into(),
             };
@@ -487,6 +492,17 @@ mod tests {
         assert!(t.contains("  mapped (copies): unsupported"));
         // No line ends in spaces.
         assert!(t.lines().all(|l| l == l.trim_end()));
+    }
+
+    #[test]
+    fn sub_microsecond_allocation_rows_keep_two_decimals() {
+        let mut r = sample::results();
+        let mut row = r.allocs[0].clone();
+        (row.kind, row.us, row.raw_us, row.ratio) = ("pool_bookkeeping_only", 0.784, 0.72, 1.089);
+        r.allocs.push(row);
+        let t = bench_table(&r);
+        assert!(t.contains("| pinned                | 12.5 (1.04) |"), "{t}");
+        assert!(t.contains("| pool_bookkeeping_only | 0.78 (1.09) |"), "{t}");
     }
 
     #[test]

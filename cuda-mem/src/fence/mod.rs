@@ -111,6 +111,26 @@ impl Fence {
         self.core.order(stream.inner(), bytes, access)
     }
 
+    /// [`order`](Self::order) with the fence borrowed exclusively (a buffer's free): no lock.
+    pub(crate) fn order_mut(
+        &mut self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<()> {
+        self.core.order_mut(stream.inner(), bytes, access)
+    }
+
+    /// A new fence that records work queued on `stream` already, accessing `bytes`: a
+    /// stream-ordered allocation's (a write on its stream), so that other streams and the host
+    /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
+    /// the lock.
+    pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
+        Fence {
+            core: Tracker::marked(stream.inner(), bytes, access),
+        }
+    }
+
     /// Blocks until pending work that conflicts with a host `access` has completed. On error
     /// the work may still be running: do not touch or free the memory.
     pub(crate) fn host_wait(&self, access: Access) -> Result<()> {
@@ -143,5 +163,69 @@ pub(crate) struct Use<'a> {
 impl Drop for Use<'_> {
     fn drop(&mut self) {
         self.fence.core.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::tracker::{Access, Backend, Tracker};
+
+    thread_local! {
+        static CALLS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// A backend that only counts its calls (per thread: tests run in parallel).
+    struct Counting;
+
+    fn call() -> Result<(), ()> {
+        CALLS.with(|c| c.set(c.get() + 1));
+        Ok(())
+    }
+
+    impl Backend for Counting {
+        type Stream = Arc<u32>;
+        type Event = ();
+        type Error = ();
+        fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
+            a == b
+        }
+        fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
+            call()
+        }
+        fn wait(_: &Arc<u32>, _: &()) -> Result<(), ()> {
+            call()
+        }
+        fn query(_: &()) -> Result<bool, ()> {
+            call().map(|()| false)
+        }
+        fn sync_event(_: &()) -> Result<(), ()> {
+            call()
+        }
+        fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
+            call()
+        }
+    }
+
+    /// A pooled buffer's life on one stream: the fence is born marked with one entry and room
+    /// for that one alone (a small allocation the allocator's thread cache serves), and the
+    /// free's ordering on the same stream makes no call; another stream is still ordered
+    /// after the allocation (an event recorded and waited for).
+    #[test]
+    fn a_pooled_allocation_and_its_free_on_one_stream_make_no_call() {
+        let (s, other) = (Arc::new(0), Arc::new(1));
+        let mut t = Tracker::<Counting>::marked(&s, (0, 64), Access::Write);
+        assert!(!t.is_idle());
+        assert_eq!(t.entry_capacity(), 1);
+        t.order_mut(&s, (0, 64), Access::Write).unwrap();
+        assert_eq!(CALLS.with(Cell::get), 0, "same-stream ordering made a call");
+
+        let t = Tracker::<Counting>::marked(&s, (0, 64), Access::Write);
+        t.order(&other, (0, 8), Access::Read).unwrap();
+        assert_eq!(CALLS.with(Cell::get), 2, "record + wait for the allocation");
+        // The waiting stream's entry made room for more.
+        assert!(t.entry_capacity() >= 2);
     }
 }

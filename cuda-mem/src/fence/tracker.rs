@@ -28,6 +28,12 @@
 //! Such an event does not cover that work, so while anything is in flight a recorded event
 //! never marks its entry as covered: the marks stay, and the next wait records again.
 //!
+//! Two calls skip the lock because nobody else can hold it: [`Tracker::marked`] builds a new
+//! tracker that marks work queued already (a stream-ordered allocation, before the buffer
+//! exists for anyone), and [`Tracker::order_mut`] orders through an exclusive borrow (a pooled
+//! buffer's free, queued on its stream after every entry's work). Their state and waits are
+//! those of [`Tracker::mark`] on a new tracker and of [`Tracker::order`].
+//!
 //! A failure never leaves queued work unseen: marking cannot fail; when recording an event
 //! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
 //! returns the error *before* the caller queues anything (in `begin`) or refuses host access
@@ -222,6 +228,17 @@ impl<B: Backend> Entry<B> {
     }
 }
 
+/// Appends `e` to `entries`, making room for it alone when they have none: a `Vec`'s first
+/// push makes room for four entries, over a kilobyte, past what the allocator keeps in its
+/// per-thread cache (a trip into its core at each allocation and free), while most buffers only
+/// ever see one stream (a pooled buffer always, from its allocation to its free).
+fn push_entry<B: Backend>(entries: &mut Vec<Entry<B>>, e: Entry<B>) {
+    if entries.capacity() == 0 {
+        entries.reserve_exact(1);
+    }
+    entries.push(e);
+}
+
 /// Past this many entries, marking first drops the entries whose work has completed (a
 /// non-blocking query), so that a long-lived buffer used from ever new streams, and never
 /// waited on by the host, keeps a bounded list.
@@ -257,6 +274,17 @@ impl<B: Backend> Tracker<B> {
         // A panic while holding the lock leaves at worst extra entries (more waiting), never
         // fewer: recover the state.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new tracker that marks work on `stream` accessing `range` as `access`, queued already:
+    /// the state [`mark`](Self::mark) leaves on a new tracker, built without the lock (nobody
+    /// else can see the tracker yet). A stream-ordered allocation starts its fence so.
+    pub fn marked(stream: &B::Stream, range: (usize, usize), access: Access) -> Self {
+        let mut t = Self::default();
+        let st = t.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // Nothing can be in flight on a tracker nobody else has seen.
+        Self::mark_locked(st, true, stream, range, access);
+        t
     }
 
     /// Before queueing work on `stream` that accesses `range` as `access`: makes `stream` wait
@@ -305,6 +333,21 @@ impl<B: Backend> Tracker<B> {
         Self::order_locked(&mut st, full, stream, range, access)
     }
 
+    /// [`order`](Self::order) through an exclusive borrow, which no other thread can hold the
+    /// lock against: the same ordering, without locking (a buffer's free).
+    pub fn order_mut(
+        &mut self,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) -> Result<(), B::Error> {
+        // (With `&mut self` no `begin` can have its `end` pending unless one was leaked: read
+        // the count all the same, as `order` does.)
+        let full = self.settled();
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        Self::order_locked(st, full, stream, range, access)
+    }
+
     /// `full`: nothing is in flight (see [`settled`](Self::settled)).
     fn order_locked(
         st: &mut State<B>,
@@ -348,7 +391,7 @@ impl<B: Backend> Tracker<B> {
             let t = match st.entries.iter().position(|t| B::same(&t.stream, stream)) {
                 Some(t) => t,
                 None => {
-                    st.entries.push(Entry::new(stream.clone()));
+                    push_entry(&mut st.entries, Entry::new(stream.clone()));
                     st.entries.len() - 1
                 }
             };
@@ -383,7 +426,7 @@ impl<B: Backend> Tracker<B> {
         let e = match st.entries.iter().position(|e| B::same(&e.stream, stream)) {
             Some(i) => &mut st.entries[i],
             None => {
-                st.entries.push(Entry::new(stream.clone()));
+                push_entry(&mut st.entries, Entry::new(stream.clone()));
                 st.entries.last_mut().expect("just pushed")
             }
         };
@@ -506,6 +549,12 @@ impl<B: Backend> Tracker<B> {
         }
         st.entries.clear();
         Ok(events)
+    }
+
+    /// How many entries the tracker has room for without allocating (for tests).
+    #[cfg(test)]
+    pub fn entry_capacity(&self) -> usize {
+        self.lock().entries.capacity()
     }
 
     /// Whether no work is known to be pending (for tests and statistics).

@@ -1,5 +1,6 @@
 //! Two GPUs: every buffer, stream and event on its device whatever is current, PORTABLE pinned
 //! and zero-copy memory from both GPUs, peer access and peer copies (ordered by both fences),
+//! a memory pool of one GPU read and written by kernels of the other (`MemPool::set_access`),
 //! the pipelined copy through pinned host memory, managed memory prefetched GPU to GPU to
 //! host, and NCCL over cuda-mem buffers in one process and in two.
 //!
@@ -12,7 +13,7 @@ use std::time::Duration;
 use cuda_mem::{
     copy, copy_async, copy_peer, copy_peer_async, copy_peer_range_async, Attach, Device,
     DeviceBuffer, DevicePtr as _, DevicePtrMut as _, Event, HostAllocFlags, Location,
-    ManagedBuffer, MappedBuffer, Misuse, PinnedBuffer, StagedCopy, Stream,
+    ManagedBuffer, MappedBuffer, MemPool, Misuse, PinnedBuffer, PoolAccess, StagedCopy, Stream,
 };
 use cuda_mem_nccl::{Comm, Group, ReduceOp, UniqueId};
 use cuda_mem_probes::Probes;
@@ -238,6 +239,79 @@ fn peer_access_is_queried_enabled_twice_and_disabled() {
     }
     assert_eq!(Device::current().unwrap(), d1);
     d0.set_current().unwrap();
+}
+
+/// A pool of device 0 that device 1 is given access to (`MemPool::set_access`; no peer access
+/// enabled: pools grant it themselves): device 1 starts without access, gets read, then read
+/// and write; its kernels read what the host put into a pooled buffer of device 0 and write
+/// it, ordered after the allocation on device 0's stream, and the host sees the writes. The
+/// free on device 0's stream comes after device 1's work.
+#[test]
+fn a_pool_of_device_zero_is_read_and_written_by_kernels_of_device_one() {
+    let (d0, d1) = two_gpus_or_skip!("a_pool_of_device_zero_is_read_and_written_by_device_one");
+    if !d1.can_access_peer(d0).unwrap() {
+        cuda_mem_tests::skip("multi_gpu: device 1 cannot access device 0; pool access untested");
+        return;
+    }
+    d0.set_current().unwrap();
+    let pool = MemPool::new(d0).unwrap();
+    assert_eq!(pool.access(d0).unwrap(), PoolAccess::READ_WRITE);
+    assert_eq!(pool.access(d1).unwrap(), PoolAccess::NONE);
+    pool.set_access(d1, PoolAccess::READ).unwrap();
+    assert_eq!(pool.access(d1).unwrap(), PoolAccess::READ);
+    pool.set_access(d1, PoolAccess::READ_WRITE).unwrap();
+    assert_eq!(pool.access(d1).unwrap(), PoolAccess::READ_WRITE);
+
+    let words = 4096; // 16-byte words
+    let s0 = Stream::on(d0, true).unwrap();
+    let data = pattern(4 * words, 11);
+    let mut buf = DeviceBuffer::<u32>::from_pool(&pool, 4 * words, &s0).unwrap();
+    assert_eq!(buf.device(), d0.ordinal());
+    buf.copy_from(&data[..]).unwrap();
+
+    // Device 1 current: its kernels on its stream use device 0's pool memory.
+    let _g = d1.guard().unwrap();
+    let probes = Probes::load().unwrap();
+    let s1 = Stream::non_blocking().unwrap();
+    assert_eq!(s1.device(), d1);
+    let want = data.iter().fold(0, |x, &w| x ^ w);
+    assert_eq!(
+        probes.xor_checksum(&buf, &s1).unwrap(),
+        want,
+        "device 1 reads device 0's pool"
+    );
+    {
+        let w = buf.device_ptr_mut(&s1).unwrap();
+        // SAFETY: the guard covers the buffer's `words` 16-byte words (pool allocations are
+        // 256-byte aligned), used on its stream while it lives; it records the kernel, so host
+        // access and the free wait for it.
+        unsafe { probes.write(w.as_mut_ptr().cast(), 16 * words, &s1) }.unwrap();
+    }
+    assert_eq!(
+        buf.to_vec().unwrap(),
+        written(4 * words),
+        "device 1 writes device 0's pool"
+    );
+    assert_eq!(Device::current().unwrap(), d1);
+    buf.free().unwrap();
+
+    // Dropped while device 1's slow write is still queued: the free on device 0's stream waits
+    // for it on the device, so once s0 has reached the free, s1 is done too.
+    let mut buf = DeviceBuffer::<u32>::from_pool(&pool, 4 * words, &s0).unwrap();
+    {
+        let w = buf.device_ptr_mut(&s1).unwrap();
+        probes.spin(50_000_000, &s1).unwrap(); // 50 ms
+                                               // SAFETY: as above.
+        unsafe { probes.write(w.as_mut_ptr().cast(), 16 * words, &s1) }.unwrap();
+    }
+    drop(buf);
+    s0.synchronize().unwrap();
+    assert!(
+        s1.is_idle().unwrap(),
+        "the free on device 0 did not wait for device 1's write"
+    );
+    assert_eq!(pool.used().unwrap(), 0);
+    assert_eq!(Device::current().unwrap(), d1);
 }
 
 #[test]
