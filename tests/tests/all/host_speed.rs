@@ -317,6 +317,18 @@ fn copy_stages_large_pageable_copies_through_the_global_pool() {
         after.hits + after.misses > before.hits + before.misses,
         "copy did not stage: {after:?}"
     );
+    // A slice that is in fact pinned is not staged (DMA copies it directly).
+    let pinned = PinnedBuffer::from_slice(&data, F::DEFAULT).unwrap();
+    let before = PinnedPool::global().stats();
+    let mut dev3 = DeviceBuffer::<u32>::zeroed(n).unwrap();
+    copy(&mut dev3, pinned.as_slice().unwrap()).unwrap();
+    let after = PinnedPool::global().stats();
+    assert!(dev3.to_vec().unwrap() == data);
+    assert_eq!(
+        after.hits + after.misses,
+        before.hits + before.misses,
+        "a pinned slice went through the staging buffers"
+    );
     // The explicit call, and copy_range with offsets, agree.
     let mut out2 = vec![0u32; n - 2];
     copy_range(&mut out2, 0, &dev, 1, n - 2).unwrap();
