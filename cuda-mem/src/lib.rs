@@ -50,6 +50,7 @@ mod peer;
 mod pinned;
 mod pointer;
 mod pool;
+pub mod profiler;
 mod registered;
 mod scope;
 mod size;
