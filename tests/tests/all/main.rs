@@ -11,6 +11,7 @@ mod device;
 mod differential;
 mod errors;
 mod faults;
+mod interop;
 mod leaks;
 mod managed;
 mod mapped;
