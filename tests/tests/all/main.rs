@@ -19,6 +19,8 @@ mod misuse;
 mod multi_gpu;
 mod pinned;
 mod pool;
+mod readme;
+mod readme_snippets;
 mod registered;
 mod soundness;
 mod views;
