@@ -6,11 +6,10 @@ const README: &str = include_str!("../../../README.md");
 const SNIPPETS: &str = include_str!("readme_snippets.rs");
 
 /// Cells that name things in prose rather than being code to compile.
-const PROSE: [&str; 4] = [
+const PROSE: [&str; 3] = [
     "copy_range_async(..)", // "or `copy_range_async(..)`": the call elided
     "std::thread::scope",   // "like `std::thread::scope`"
     "cuda_mem_probes::Probes::xor_checksum", // "... is an example"
-    "builder.arg(&x)",      // the builder is cudarc's, named in the left column
 ];
 
 /// The code spans of the last column of every table row of the porting guide, unescaped
