@@ -160,7 +160,8 @@ fn main() -> anyhow::Result<()> {
 
     // 3. cudarc memory written by a cuda-mem copy (on `cs`), updated by the kernel with a
     //    cuda-mem input (on `cs`), then read by a cuda-mem copy on the *other* stream `cs2`:
-    //    the view makes `cs2` wait for cudarc's write event, and records its read event.
+    //    the view makes `cs2` wait for cudarc's write event (and for z's own stream, `cs`),
+    //    and records z's read event when it ends.
     let mut z: CudaSlice<u32> = cs.alloc_zeros(N)?;
     let y_pin = PinnedBuffer::from_slice(&y_h, HostAllocFlags::DEFAULT)?;
     {
@@ -186,10 +187,9 @@ fn main() -> anyhow::Result<()> {
         &want_z,
     )?;
 
-    // 4. And cudarc reads what cuda-mem wrote, through cudarc's own copy.
+    // 4. cudarc's own copy of the same memory agrees.
     let from_cudarc = cs.clone_dtoh(&z)?;
     check("the same CudaSlice, read by cudarc", &from_cudarc, &want_z)?;
-    drop(s);
     println!("cuda-mem example cudarc_kernel: all results match");
     Ok(())
 }
