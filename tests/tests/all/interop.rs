@@ -215,6 +215,7 @@ fn cudarc_copies_take_cuda_mem_guards_on_any_stream() {
     let mut z2: CudaSlice<u32> = b.alloc_zeros(N).unwrap();
     {
         let g = d2.cudarc_ptr(&a).unwrap();
+        assert!(!sa.is_idle().unwrap(), "nothing was tested");
         b.memcpy_dtod(&g, &mut z2).unwrap();
     }
     assert!(b.clone_dtoh(&z2).unwrap() == src.as_slice().unwrap());
