@@ -27,6 +27,14 @@ export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
 export RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings"
 
 cargo fmt --all -- --check
+# cuda-mem alone, with its default features: free of cudarc (the tests crate turns the `cudarc`
+# feature on for every workspace build below, so that the interop tests and the cudarc_kernel
+# example are built and checked on every toolkit), and clean without it.
+if cargo tree -p cuda-mem -e normal --prefix none | grep -q '^cudarc '; then
+  echo "cudarc is a dependency of cuda-mem's default build"; exit 1
+fi
+cargo clippy -p cuda-mem --lib -- -D warnings
+cargo doc -p cuda-mem --no-deps
 cargo clippy --workspace --all-targets -- -D warnings
 cargo doc --workspace --no-deps
 cargo test --workspace

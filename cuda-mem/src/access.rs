@@ -18,6 +18,9 @@ use crate::stream::Stream;
 #[must_use = "the guard records the work queued while it lives: keep it until after the launch"]
 pub struct DeviceRead<'a, T> {
     ptr: *const T,
+    /// The same address as a `CUdeviceptr`, for launchers that take a reference to the
+    /// argument's value (cudarc's builder, with the `cudarc` feature).
+    addr: u64,
     len: usize,
     _use: Use<'a>,
     _borrow: PhantomData<&'a T>,
@@ -39,7 +42,14 @@ impl<T> DeviceRead<'_, T> {
 
     /// The device address as an integer (a `CUdeviceptr`).
     pub fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.addr
+    }
+
+    /// The address as a value that lives as long as the guard, for kernel argument lists that
+    /// hold pointers to their arguments.
+    #[cfg(feature = "cudarc-unpinned")]
+    pub(crate) fn addr_ref(&self) -> &u64 {
+        &self.addr
     }
 
     /// Number of elements.
@@ -165,6 +175,7 @@ fn read_guard<'a, T: Pod, M: sealed::Async<T> + ?Sized>(
         .begin(stream, (base, base + bytes), access)?;
     Ok(DeviceRead {
         ptr,
+        addr: ptr as u64,
         len,
         _use: u,
         _borrow: PhantomData,

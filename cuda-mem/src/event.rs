@@ -23,7 +23,8 @@ flag_set! {
 }
 use crate::stream::{Stream, StreamInner};
 
-/// A CUDA event on one device, destroyed on drop.
+/// A CUDA event on one device, destroyed on drop (unless borrowed from another library with
+/// [`Event::from_raw`]).
 ///
 /// CUDA requires an event and the stream it is recorded on to belong to the same device:
 /// [`Event::record`] refuses anything else with [`Misuse::DeviceMismatch`]. Waiting on an
@@ -32,6 +33,8 @@ use crate::stream::{Stream, StreamInner};
 pub struct Event {
     raw: sys::cudaEvent_t,
     device: i32,
+    /// Whether drop destroys the handle (false for a borrowed one).
+    owned: bool,
 }
 
 // SAFETY: a cudaEvent_t is a handle the runtime allows to be used from any thread and
@@ -81,7 +84,50 @@ impl Event {
         // SAFETY: `raw` is a valid out-pointer and flags are documented values.
         let code = unsafe { sys::cudaEventCreateWithFlags(&mut raw, flags) };
         check_call(code, call)?;
-        Ok(Event { raw, device })
+        Ok(Event {
+            raw,
+            device,
+            owned: true,
+        })
+    }
+
+    /// Borrows an event that another library owns (PyTorch, cuBLAS, cudarc, C++ code), for use
+    /// wherever an `Event` goes: [`record`](Self::record), [`wait_on`](Self::wait_on),
+    /// [`synchronize`](Self::synchronize), [`is_complete`](Self::is_complete),
+    /// [`elapsed_ms`](Self::elapsed_ms). It is never destroyed here. `device` is the device
+    /// it was created on (the one whose streams it may be recorded on).
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_mem::Result<()> {
+    /// use cuda_mem::{sys, Device, Event, Stream};
+    /// let mut raw = std::ptr::null_mut();
+    /// // SAFETY: a valid out-pointer (this stands for the other library's event).
+    /// unsafe { sys::cudaEventCreate(&mut raw) };
+    /// // SAFETY: `raw` outlives `ev` (destroyed below, after `ev` is gone).
+    /// let ev = unsafe { Event::from_raw(raw, Device::current()?) };
+    /// let stream = Stream::new()?;
+    /// ev.wait_on(&stream)?; // later work on `stream` waits for the other library's work
+    /// drop(ev);             // the handle stays valid: its owner destroys it
+    /// // SAFETY: the owner's handle, no longer borrowed.
+    /// unsafe { sys::cudaEventDestroy(raw) };
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// `raw` must be a valid event created on `device`, and stay valid (not destroyed by its
+    /// owner) until the returned value is dropped.
+    pub unsafe fn from_raw(raw: sys::cudaEvent_t, device: Device) -> Self {
+        Event {
+            raw,
+            device: device.ordinal(),
+            owned: false,
+        }
+    }
+
+    /// Whether drop destroys the handle: false for an event borrowed with
+    /// [`from_raw`](Self::from_raw).
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
 
     /// The device the event belongs to.
@@ -153,7 +199,8 @@ impl Event {
         Ok(ms)
     }
 
-    /// The raw handle. Stays owned by `self`.
+    /// The raw handle, for calls this crate does not wrap. Stays owned by `self` (or by the
+    /// library it was borrowed from).
     pub fn as_raw(&self) -> sys::cudaEvent_t {
         self.raw
     }
@@ -175,8 +222,11 @@ pub(crate) fn check_same_device(op: &'static str, event: i32, stream: i32) -> Re
 
 impl Drop for Event {
     fn drop(&mut self) {
-        // SAFETY: we own the handle and destroy it once; errors are ignored (drop never panics).
-        unsafe { sys::cudaEventDestroy(self.raw) };
+        if self.owned {
+            // SAFETY: we own the handle and destroy it once; errors are ignored (drop never
+            // panics). A borrowed handle is left to its owner.
+            unsafe { sys::cudaEventDestroy(self.raw) };
+        }
     }
 }
 

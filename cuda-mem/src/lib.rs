@@ -33,6 +33,14 @@
 //! call beyond the work itself. Plain slices and `Vec`s cannot take part in asynchronous work
 //! at all; the traits that carry these promises are sealed. Element types are
 //! [`bytemuck::Pod`], valid for every bit pattern the GPU may write.
+//!
+//! # Other libraries in the process
+//!
+//! [`Stream::from_raw`] and [`Event::from_raw`] borrow another library's streams and events,
+//! `from_raw` / `into_raw` move memory across, and [`DevicePtr`] guards give its kernels
+//! ordered addresses ([`interop`]). With the `cudarc` feature, `interop::cudarc` makes
+//! cuda-mem memory arguments of cudarc launches and copies, and cudarc memory part of cuda-mem's
+//! copies, each side's ordering honoured. [`profiler`] starts and stops profiler capture.
 #![warn(missing_docs)]
 
 mod access;
@@ -44,6 +52,7 @@ mod error;
 mod event;
 mod fence;
 mod flags;
+pub mod interop;
 mod managed;
 mod mapped;
 mod peer;
@@ -52,6 +61,7 @@ mod pinned_pool;
 mod pinning;
 mod pointer;
 mod pool;
+pub mod profiler;
 mod registered;
 mod scope;
 mod size;

@@ -135,6 +135,66 @@ impl<T: Pod> MappedBuffer<T> {
         Ok(MappedBuffer { host, device_ptr })
     }
 
+    /// Takes ownership of mapped memory allocated elsewhere (C or C++ code) with
+    /// `cudaHostAlloc(flags)`, `flags` including MAPPED; freed with `cudaFreeHost` on drop. The
+    /// device address is looked up here (`cudaHostGetDevicePointer`).
+    ///
+    /// Everything is checked before anything is adopted, so on error the memory stays the
+    /// caller's: [`Misuse::NullPointer`], [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::Misaligned`]; [`Misuse::InvalidFlags`] for unknown bits or flags without
+    /// MAPPED; [`Misuse::Unsupported`] when the current device cannot map host memory;
+    /// [`Misuse::InvalidArgument`] when the runtime does not know the first or the last element
+    /// as page-locked host memory (`cudaPointerGetAttributes`); the runtime's error when it has
+    /// no device address for it (`cudaHostGetDevicePointer`).
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_mem::Result<()> {
+    /// use cuda_mem::{HostAllocFlags, MappedBuffer};
+    /// let m = MappedBuffer::<u32>::zeroed(1024, HostAllocFlags::DEFAULT)?;
+    /// let (p, n) = m.into_raw()?;          // e.g. handed to C++ code, then back:
+    /// // SAFETY: `p` is the cudaHostAlloc(MAPPED) memory of `n` u32 that `into_raw` gave up.
+    /// let m = unsafe { MappedBuffer::from_raw(p, n, HostAllocFlags::MAPPED)? };
+    /// # drop(m); Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// `ptr` must come from `cudaHostAlloc` with `flags` (MAPPED among them), hold at least
+    /// `len` initialised elements, not be freed elsewhere, not be owned by anything else, and
+    /// have no GPU work pending on it.
+    pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
+        let op = "MappedBuffer::from_raw";
+        let p = size::raw_parts(ptr, len, op)?;
+        if HostAllocFlags::from_bits(flags.bits()).is_none()
+            || !flags.contains(HostAllocFlags::MAPPED)
+        {
+            return Err(Misuse::InvalidFlags {
+                op: "MappedBuffer::from_raw (MAPPED is required)",
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        check_device()?;
+        crate::pointer::require_pinned(p.as_ptr(), len, op)?;
+        let dp = device_pointer(p.as_ptr().cast())?;
+        let device_ptr = NonNull::new(dp.cast::<T>()).ok_or(Misuse::NullPointer {
+            op: "cudaHostGetDevicePointer",
+        })?;
+        // SAFETY: the caller's contract is `PinnedBuffer::from_raw`'s (cudaHostAlloc memory
+        // with `flags`, `len` initialised elements, owned by nothing else, no pending work);
+        // its checks passed above, so it adopts the memory and cannot fail.
+        let host = unsafe { PinnedBuffer::from_raw(p.as_ptr(), len, flags)? };
+        Ok(MappedBuffer { host, device_ptr })
+    }
+
+    /// Gives up ownership of the memory: the host address and length, for another library or
+    /// C++ code to free with `cudaFreeHost` (its device address is
+    /// `cudaHostGetDevicePointer` of it; [`from_raw`](Self::from_raw) takes it back). Pending
+    /// work recorded on the buffer is waited for first; if that wait fails, the memory is
+    /// leaked (as by [`free`](Self::free)) and the error returned.
+    pub fn into_raw(self) -> Result<(*mut T, usize)> {
+        self.host.into_raw()
+    }
+
     /// The CPU address.
     pub fn host_ptr(&self) -> *const T {
         self.host.as_ptr()

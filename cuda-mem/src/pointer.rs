@@ -5,7 +5,7 @@ use std::os::raw::c_void;
 
 use cuda_mem_sys as sys;
 
-use crate::error::{check, Result};
+use crate::error::{check, Misuse, Result};
 
 /// What kind of memory an address belongs to (`cudaMemoryType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,4 +63,26 @@ pub fn pointer_info<T>(ptr: *const T) -> Result<PointerInfo> {
         host_ptr: attr.hostPointer as usize,
         device_ptr: attr.devicePointer as usize,
     })
+}
+
+/// Refuses (with [`Misuse::InvalidArgument`] for `op`) memory whose first or last of `len`
+/// elements the runtime does not know as page-locked host memory: the check `from_raw` makes
+/// before it adopts pinned, mapped or registered memory.
+pub(crate) fn require_pinned<T>(ptr: *const T, len: usize, op: &'static str) -> Result<()> {
+    let last = ptr.wrapping_add(len.saturating_sub(1));
+    for (what, q) in [("first", ptr), ("last", last)] {
+        let info = pointer_info(q)?;
+        if info.kind != PointerKind::PinnedHost {
+            return Err(Misuse::InvalidArgument {
+                op,
+                reason: format!(
+                    "the {what} element ({q:p}) is not page-locked host memory \
+                     (cudaPointerGetAttributes: {:?})",
+                    info.kind
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(())
 }

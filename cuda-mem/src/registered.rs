@@ -3,6 +3,18 @@
 //!
 //! Registration locks the pages the memory already has, which avoids a copy into a separate
 //! pinned buffer; it still costs milliseconds per hundred MiB, so register long-lived buffers.
+//!
+//! # Registrations made elsewhere
+//!
+//! A registration moves between this crate and other code together with the memory it covers,
+//! as a `Vec`'s raw parts: [`RegisteredVec::into_raw`] hands both over (still registered), and
+//! [`RegisteredVec::from_raw`] adopts a `Vec` that other code registered, unregistering it on
+//! drop as if it had been registered here. Only an owned `Vec` can be adopted: adopting a
+//! registration means ending it, which is only sound for memory whose life this crate
+//! controls. Memory registered by code that stays its owner (an `mmap`ed region, a C++
+//! buffer) is not adopted; lend a slice of it to a [`scope`](crate::scope) for asynchronous
+//! work, or register a slice of your own with [`RegisteredSlice`]: the registration stays
+//! its owner's business.
 
 use std::fmt;
 use std::mem::ManuallyDrop;
@@ -62,6 +74,11 @@ impl<T: Pod> Registration<T> {
             len: bytes / std::mem::size_of::<T>(),
             flags,
         })
+    }
+
+    /// A registration made elsewhere, of `len` elements from `ptr` with `flags`.
+    fn adopt(ptr: NonNull<T>, len: usize, flags: HostRegisterFlags) -> Self {
+        Registration { ptr, len, flags }
     }
 
     /// `cudaHostUnregister`. Callers make sure no queued work still uses the range.
@@ -206,6 +223,83 @@ impl<T: Pod> RegisteredVec<T> {
             fence: Fence::default(),
             vec: ManuallyDrop::new(vec),
         })
+    }
+
+    /// Adopts a `Vec` whose elements other code registered with `cudaHostRegister(flags)`,
+    /// from its raw parts (as `Vec::from_raw_parts` takes them): unregistered on drop
+    /// (or by [`into_vec`](Self::into_vec)), then freed, like a `Vec` registered by
+    /// [`register`](Self::register). [`into_raw`](Self::into_raw) gives such parts.
+    ///
+    /// Checked before anything is adopted, so on error the memory and its registration stay
+    /// the caller's: [`Misuse::NullPointer`], [`Misuse::ZeroLength`],
+    /// [`Misuse::SizeOverflow`], [`Misuse::Misaligned`], [`Misuse::InvalidFlags`];
+    /// [`Misuse::InvalidArgument`] when `capacity < len`, or when the runtime does not know
+    /// the first or the last element as page-locked host memory
+    /// (`cudaPointerGetAttributes`: not registered).
+    ///
+    /// ```no_run
+    /// # fn main() -> cuda_mem::Result<()> {
+    /// use cuda_mem::{HostRegisterFlags, RegisteredVec};
+    /// let rv = RegisteredVec::register(vec![7u32; 1 << 20], HostRegisterFlags::PORTABLE)?;
+    /// let (p, len, cap) = rv.into_raw()?;   // still registered, e.g. handed to C++ code
+    /// // SAFETY: the raw parts of a Vec<u32> registered PORTABLE, from `into_raw` above.
+    /// let rv = unsafe { RegisteredVec::from_raw(p, len, cap, HostRegisterFlags::PORTABLE)? };
+    /// assert_eq!(rv.into_vec()?[0], 7);     // unregistered, the Vec back
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Safety
+    /// `ptr`, `len` and `capacity` must be valid for `Vec::<T>::from_raw_parts` (memory of a
+    /// `Vec<T>` with that capacity, from the global allocator, `len` initialised elements),
+    /// owned by nothing else; elements `0..len` must have been registered by one
+    /// `cudaHostRegister(ptr, len * size_of::<T>(), flags)` (unregistering takes that start
+    /// address), not unregistered since; and no GPU work may be pending on them.
+    pub unsafe fn from_raw(
+        ptr: *mut T,
+        len: usize,
+        capacity: usize,
+        flags: HostRegisterFlags,
+    ) -> Result<Self> {
+        let op = "RegisteredVec::from_raw";
+        let p = size::raw_parts(ptr, len, op)?;
+        if capacity < len {
+            return Err(Misuse::InvalidArgument {
+                op,
+                reason: format!("capacity {capacity} is less than the length {len}"),
+            }
+            .into());
+        }
+        if HostRegisterFlags::from_bits(flags.bits()).is_none() {
+            return Err(Misuse::InvalidFlags {
+                op,
+                flags: flags.bits(),
+            }
+            .into());
+        }
+        crate::pointer::require_pinned(p.as_ptr(), len, op)?;
+        // SAFETY: the caller vouches for the raw parts (see above); the Vec is owned from here.
+        let vec = unsafe { Vec::from_raw_parts(p.as_ptr(), len, capacity) };
+        Ok(RegisteredVec {
+            reg: Registration::adopt(p, len, flags),
+            fence: Fence::default(),
+            vec: ManuallyDrop::new(vec),
+        })
+    }
+
+    /// Gives up the `Vec` *with its registration*, as raw parts `(ptr, len, capacity)`, for
+    /// other code (or [`from_raw`](Self::from_raw)) to take over. To end it yourself:
+    /// `cudaHostUnregister(ptr)`, then `Vec::from_raw_parts(ptr, len, capacity)`. Pending
+    /// work recorded on the buffer is waited for first; if that wait fails, the `Vec` is
+    /// leaked (still registered) and the error returned.
+    pub fn into_raw(self) -> Result<(*mut T, usize, usize)> {
+        let mut me = ManuallyDrop::new(self);
+        let waited = me.fence.host_wait(Access::Write);
+        // SAFETY: `me` is never used or dropped again. Only the fence is dropped, once; the
+        // Vec and the registration pass to the caller (or are leaked, on error).
+        unsafe { std::ptr::drop_in_place(&mut me.fence) };
+        waited?;
+        let v = &mut me.vec;
+        Ok((v.as_mut_ptr(), v.len(), v.capacity()))
     }
 
     /// Waits for pending work, unregisters, and gives the `Vec` back.

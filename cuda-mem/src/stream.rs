@@ -15,10 +15,14 @@ pub(crate) struct StreamInner {
     raw: sys::cudaStream_t,
     owned: bool,
     device: i32,
+    /// What keeps a borrowed handle valid, where this crate can hold it: another library's
+    /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
+    _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: a cudaStream_t is a handle the runtime allows to be used from any thread, and
-// concurrently from several (the runtime API is thread-safe); nothing here is thread-bound.
+// concurrently from several (the runtime API is thread-safe); nothing here is thread-bound
+// (the keeper is `Send + Sync` by its type).
 unsafe impl Send for StreamInner {}
 // SAFETY: only read after construction, and passed to thread-safe runtime calls.
 unsafe impl Sync for StreamInner {}
@@ -152,13 +156,16 @@ impl Stream {
                 raw,
                 owned: true,
                 device,
+                _keeper: None,
             }),
         })
     }
 
     /// Borrows a stream that another library owns (PyTorch, cuBLAS, cudarc, C++ code), for use
     /// wherever a `Stream` goes; it is never destroyed here. `device` is the device it belongs
-    /// to (a null handle is that device's legacy default stream).
+    /// to (a null handle is that device's legacy default stream). For cudarc's streams, the
+    /// `cudarc` feature's `interop::cudarc::stream` does the same safely, keeping cudarc's
+    /// handle alive as long as needed.
     ///
     /// # Safety
     /// `raw` must be a valid stream of `device` until the returned value *and every buffer
@@ -171,6 +178,25 @@ impl Stream {
                 raw,
                 owned: false,
                 device: device.ordinal(),
+                _keeper: None,
+            }),
+        }
+    }
+
+    /// A borrowed stream whose handle `keeper` keeps valid (another library's stream object):
+    /// held by every clone, so also by the fences that may record on the stream later.
+    #[cfg(feature = "cudarc-unpinned")]
+    pub(crate) fn kept_alive_by(
+        raw: sys::cudaStream_t,
+        device: Device,
+        keeper: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Self {
+        Stream {
+            inner: Arc::new(StreamInner {
+                raw,
+                owned: false,
+                device: device.ordinal(),
+                _keeper: Some(keeper),
             }),
         }
     }
@@ -193,6 +219,7 @@ impl Stream {
                 raw: ptr::null_mut(),
                 owned: false,
                 device,
+                _keeper: None,
             }),
         }
     }

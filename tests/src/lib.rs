@@ -117,3 +117,10 @@ pub fn run_child(
         }
     }
 }
+
+/// The code blocks of the workspace README, compiled as doctests of this crate (`cargo test
+/// --doc -p cuda-mem-tests`): its dependencies (cuda-mem with the `cudarc` feature, cudarc,
+/// anyhow) are what the snippets use. Not part of any build but the doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -6532,3 +6532,9 @@ unsafe extern "C" {
         entryFuncAddr: *const ::std::os::raw::c_void,
     ) -> cudaError_t;
 }
+unsafe extern "C" {
+    pub fn cudaProfilerStart() -> cudaError_t;
+}
+unsafe extern "C" {
+    pub fn cudaProfilerStop() -> cudaError_t;
+}

@@ -1,6 +1,6 @@
 //! Device memory on the GPU: round trips, memset, device-to-device, raw ownership, OOM.
 
-use cuda_mem::{copy, pointer_info, sys, DeviceBuffer, ErrorCode, PointerKind};
+use cuda_mem::{copy, pointer_info, profiler, sys, DeviceBuffer, ErrorCode, PointerKind};
 use cuda_mem_tests::gpu_or_skip;
 
 use crate::pattern;
@@ -124,4 +124,22 @@ fn host_out_of_memory_is_exact_and_the_process_goes_on() {
     ok.as_mut_slice().unwrap().fill(3);
     let dev = DeviceBuffer::from_slice(ok.as_slice().unwrap()).unwrap();
     assert_eq!(dev.to_vec().unwrap(), vec![3u8; 1 << 20]);
+}
+
+/// `cudaProfilerStart` / `cudaProfilerStop` (declared by cuda-mem-sys where the toolkit lacks
+/// `cuda_profiler_api.h`): without a profiler attached both succeed, also when repeated, and
+/// the capture guard stops on drop or on `stop()`.
+#[test]
+fn profiler_start_and_stop_succeed() {
+    gpu_or_skip!();
+    profiler::start().unwrap();
+    profiler::start().unwrap();
+    profiler::stop().unwrap();
+    profiler::stop().unwrap();
+    {
+        let _capture = profiler::capture().unwrap();
+        let d = DeviceBuffer::from_slice(&[1u32, 2, 3]).unwrap();
+        assert_eq!(d.to_vec().unwrap(), [1, 2, 3]);
+    }
+    profiler::capture().unwrap().stop().unwrap();
 }

@@ -144,4 +144,7 @@ fn every_constructor_reports_the_missing_driver() {
     is_no_driver("Event::new", Event::new());
     is_no_driver("Probes::load", Probes::load());
     is_no_driver("mem_info", Device::get(0).and_then(|d| d.mem_info()));
+    is_no_driver("profiler::start", cuda_mem::profiler::start());
+    is_no_driver("profiler::stop", cuda_mem::profiler::stop());
+    is_no_driver("profiler::capture", cuda_mem::profiler::capture());
 }

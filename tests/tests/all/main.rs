@@ -12,6 +12,7 @@ mod differential;
 mod errors;
 mod faults;
 mod host_speed;
+mod interop;
 mod leaks;
 mod managed;
 mod mapped;
@@ -19,6 +20,8 @@ mod misuse;
 mod multi_gpu;
 mod pinned;
 mod pool;
+mod readme;
+mod readme_snippets;
 mod registered;
 mod soundness;
 mod views;
@@ -28,4 +31,13 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32)
         .map(|i| i.wrapping_mul(2_654_435_761).wrapping_add(seed))
         .collect()
+}
+
+/// The first element that is not what `cm_write` (`cuda_mem_probes::Probes::write`) writes:
+/// `i / 4` in `u32` element `i`.
+pub fn first_not_written(got: &[u32]) -> Option<(usize, u32)> {
+    got.iter()
+        .enumerate()
+        .find(|&(i, &v)| v != (i / 4) as u32)
+        .map(|(i, &v)| (i, v))
 }

@@ -141,3 +141,70 @@ fn error_paths_free_the_allocation() {
         PointerKind::UnregisteredHost
     );
 }
+
+/// Mapped memory leaves (`into_raw`) and comes back (`from_raw`) with its data and its device
+/// address; memory allocated by a raw `cudaHostAlloc(MAPPED)` is adopted and written by a
+/// kernel; memory the runtime does not know as pinned is refused and stays the caller's.
+#[test]
+fn mapped_memory_moves_out_and_back() {
+    gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let stream = Stream::new().unwrap();
+    let data = crate::pattern(4096, 12);
+    let mut m = MappedBuffer::<u32>::zeroed(4096, HostAllocFlags::PORTABLE).unwrap();
+    m.as_mut_slice().unwrap().copy_from_slice(&data);
+    let device_address = m.device_address();
+    let (p, n) = m.into_raw().unwrap();
+    assert_eq!(n, 4096);
+    assert_eq!(
+        pointer_info(p).unwrap().kind,
+        PointerKind::PinnedHost,
+        "not freed"
+    );
+    // SAFETY: from `into_raw` of a cudaHostAlloc(PORTABLE | MAPPED) buffer of 4096 u32.
+    let m =
+        unsafe { MappedBuffer::from_raw(p, n, HostAllocFlags::PORTABLE | HostAllocFlags::MAPPED) }
+            .unwrap();
+    assert_eq!(m.device_address(), device_address);
+    assert!(m.as_slice().unwrap() == &data[..]);
+    m.free().unwrap();
+    assert_eq!(
+        pointer_info(p).unwrap().kind,
+        PointerKind::UnregisteredHost,
+        "freed"
+    );
+
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; 64 KiB of mapped pinned memory, adopted below.
+    let code = unsafe { sys::cudaHostAlloc(&mut raw, 1 << 16, sys::cudaHostAllocMapped) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    // SAFETY: `raw` holds 64 KiB, written here before it is adopted (and so initialised).
+    unsafe { std::ptr::write_bytes(raw.cast::<u8>(), 0xff, 1 << 16) };
+    // SAFETY: fresh cudaHostAlloc(MAPPED) memory of 16384 initialised u32, owned by nothing else.
+    let mut m =
+        unsafe { MappedBuffer::<u32>::from_raw(raw.cast(), 1 << 14, HostAllocFlags::MAPPED) }
+            .unwrap();
+    {
+        let w = m.device_ptr_mut(&stream).unwrap();
+        // SAFETY: the guard covers 64 KiB (a multiple of 16 bytes), used on its stream while it
+        // lives; host access below waits for the kernel.
+        unsafe {
+            probes
+                .write(w.as_mut_ptr().cast(), 1 << 16, &stream)
+                .unwrap()
+        };
+    }
+    assert_eq!(crate::first_not_written(m.as_slice().unwrap()), None);
+    drop(m); // cudaFreeHost
+
+    let mut v = vec![0u32; 4096];
+    // SAFETY: refused before anything is adopted (the Vec is pageable memory).
+    let e = unsafe { MappedBuffer::from_raw(v.as_mut_ptr(), v.len(), HostAllocFlags::MAPPED) }
+        .unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::InvalidArgument { op: "MappedBuffer::from_raw", reason })
+            if reason.contains("UnregisteredHost")),
+        "{e}"
+    );
+    v[0] = 1; // still ours
+}

@@ -198,6 +198,102 @@ fn from_raw_rejects_null_zero_and_misaligned() {
     }
 }
 
+/// `from_raw` of mapped and registered memory: bad raw parts and flags are refused before the
+/// pointer is used or owned (so without a GPU too); the pinned-memory check that follows needs
+/// the runtime, and reports its absence exactly.
+#[test]
+fn from_raw_of_mapped_and_registered_memory_checks_its_parts() {
+    let fake = 0x1000 as *mut u32;
+    let (m_op, r_op) = ("MappedBuffer::from_raw", "RegisteredVec::from_raw");
+    // SAFETY: each call is refused before the pointer is used or owned.
+    unsafe {
+        assert_eq!(
+            misuse(MappedBuffer::<u32>::from_raw(
+                std::ptr::null_mut(),
+                4,
+                HostAllocFlags::MAPPED
+            )),
+            Misuse::NullPointer { op: m_op }
+        );
+        assert_eq!(
+            misuse(MappedBuffer::<u32>::from_raw(
+                fake,
+                0,
+                HostAllocFlags::MAPPED
+            )),
+            Misuse::ZeroLength { op: m_op }
+        );
+        for flags in [
+            HostAllocFlags::DEFAULT,
+            HostAllocFlags::PORTABLE | HostAllocFlags::WRITE_COMBINED,
+        ] {
+            assert_eq!(
+                misuse(MappedBuffer::<u32>::from_raw(fake, 4, flags)),
+                Misuse::InvalidFlags {
+                    op: "MappedBuffer::from_raw (MAPPED is required)",
+                    flags: flags.bits()
+                }
+            );
+        }
+        assert_eq!(
+            misuse(RegisteredVec::<u32>::from_raw(
+                std::ptr::null_mut(),
+                4,
+                4,
+                HostRegisterFlags::DEFAULT
+            )),
+            Misuse::NullPointer { op: r_op }
+        );
+        assert_eq!(
+            misuse(RegisteredVec::<u32>::from_raw(
+                fake,
+                0,
+                4,
+                HostRegisterFlags::DEFAULT
+            )),
+            Misuse::ZeroLength { op: r_op }
+        );
+        assert_eq!(
+            misuse(RegisteredVec::<u32>::from_raw(
+                0x1002 as *mut u32,
+                1,
+                1,
+                HostRegisterFlags::DEFAULT
+            )),
+            Misuse::Misaligned {
+                addr: 0x1002,
+                align: 4
+            }
+        );
+        assert_eq!(
+            misuse(RegisteredVec::<u32>::from_raw(
+                fake,
+                4,
+                3,
+                HostRegisterFlags::DEFAULT
+            )),
+            Misuse::InvalidArgument {
+                op: r_op,
+                reason: "capacity 3 is less than the length 4".into()
+            }
+        );
+    }
+    if has_gpu() {
+        return; // the pinned-memory check on a GPU: tests/all/registered.rs, mapped.rs
+    }
+    let mut v = std::mem::ManuallyDrop::new(vec![0u32; 64]);
+    let (p, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+    // SAFETY: refused (no driver to ask whether the memory is registered): nothing is adopted.
+    let e =
+        unsafe { RegisteredVec::from_raw(p, len, cap, HostRegisterFlags::DEFAULT) }.unwrap_err();
+    assert!(e.is_no_device(), "{e}");
+    // SAFETY: as above; the device check comes first for mapped memory.
+    let e = unsafe { MappedBuffer::from_raw(p, len, HostAllocFlags::MAPPED) }.unwrap_err();
+    assert!(e.is_no_device(), "{e}");
+    // SAFETY: nothing adopted it: the Vec is still ours to drop.
+    drop(unsafe { std::mem::ManuallyDrop::take(&mut v) });
+}
+
 #[test]
 fn flags_the_api_rejects() {
     // cudaMemAttachSingle is only for cudaStreamAttachMemAsync.

@@ -3,8 +3,8 @@
 
 use cuda_mem::DevicePtrMut as _;
 use cuda_mem::{
-    copy, copy_async, pointer_info, sys, DeviceBuffer, ErrorCode, HostRegisterFlags, PointerKind,
-    RegisteredSlice, RegisteredVec, Stream,
+    copy, copy_async, pointer_info, sys, DeviceBuffer, ErrorCode, HostRegisterFlags, Misuse,
+    PointerKind, RegisteredSlice, RegisteredVec, Stream,
 };
 use cuda_mem_tests::gpu_or_skip;
 
@@ -110,4 +110,79 @@ fn registered_vec_async_round_trip() {
         PointerKind::UnregisteredHost
     );
     drop(src);
+}
+
+/// A registered `Vec` leaves with its registration (`into_raw`) and is adopted back
+/// (`from_raw`) with its data; the adopted registration ends on drop like one made here, and
+/// unregistered memory is refused and stays the caller's.
+#[test]
+fn registered_vec_moves_out_and_back_with_its_registration() {
+    gpu_or_skip!();
+    let stream = Stream::new().unwrap();
+    let data = pattern(1 << 20, 42);
+    let mut rv = RegisteredVec::register(vec![0u32; 1 << 20], HostRegisterFlags::PORTABLE).unwrap();
+    let mut dev = DeviceBuffer::from_slice(&data).unwrap();
+    copy_async(&mut rv, &dev, &stream).unwrap();
+    let (p, len, cap) = rv.into_raw().unwrap(); // waits for the copy
+    assert_eq!(len, 1 << 20);
+    assert!(cap >= len);
+    assert_eq!(
+        pointer_info(p).unwrap().kind,
+        PointerKind::PinnedHost,
+        "still registered"
+    );
+    // SAFETY: the raw parts of a Vec<u32> registered PORTABLE, from `into_raw` above.
+    let mut rv =
+        unsafe { RegisteredVec::from_raw(p, len, cap, HostRegisterFlags::PORTABLE) }.unwrap();
+    assert_eq!(rv.flags(), HostRegisterFlags::PORTABLE);
+    assert!(rv.as_slice().unwrap() == &data[..]);
+    // Adopted memory takes part in asynchronous work like any registered Vec.
+    dev.memset(0).unwrap();
+    copy_async(&mut dev, &rv, &stream).unwrap();
+    assert!(dev.to_vec().unwrap() == data);
+    rv.as_mut_slice().unwrap().fill(5);
+    let back = rv.into_vec().unwrap();
+    assert_eq!(
+        pointer_info(back.as_ptr()).unwrap().kind,
+        PointerKind::UnregisteredHost
+    );
+    assert!(back.iter().all(|&v| v == 5));
+
+    // A Vec registered by a raw call (other code), adopted, unregistered on drop.
+    let mut v = std::mem::ManuallyDrop::new(pattern(4096, 43));
+    // SAFETY: the Vec's 16 KiB, registered once here and unregistered by the adopter's drop.
+    let code = unsafe { sys::cudaHostRegister(v.as_mut_ptr().cast(), 4096 * 4, 0) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    let (p, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+    // SAFETY: the raw parts of that Vec (never dropped as such: ManuallyDrop), registered with
+    // flags 0 = DEFAULT over exactly its `len` elements, with no GPU work pending.
+    let adopted =
+        unsafe { RegisteredVec::from_raw(p, len, cap, HostRegisterFlags::DEFAULT) }.unwrap();
+    assert!(adopted.as_slice().unwrap() == &pattern(4096, 43)[..]);
+    drop(adopted);
+    assert_eq!(
+        pointer_info(p.cast_const())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .kind,
+        PointerKind::UnregisteredHost
+    );
+
+    // Memory that is not registered is refused before anything is adopted.
+    let mut plain = vec![1u32; 4096];
+    // SAFETY: refused (not registered): the Vec stays ours.
+    let e = unsafe {
+        RegisteredVec::from_raw(
+            plain.as_mut_ptr(),
+            plain.len(),
+            plain.capacity(),
+            HostRegisterFlags::DEFAULT,
+        )
+    }
+    .unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::InvalidArgument { op: "RegisteredVec::from_raw", reason })
+            if reason.contains("first element") && reason.contains("UnregisteredHost")),
+        "{e}"
+    );
+    plain[0] = 2; // still ours
 }

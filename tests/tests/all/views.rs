@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use cuda_mem::{
     alloc_mapped, copy, copy_async, memset_async, sys, Attach, Device, DeviceBuffer,
-    DevicePtr as _, DevicePtrMut as _, HostAllocFlags, ManagedBuffer, Misuse, PinnedBuffer,
+    DevicePtr as _, DevicePtrMut as _, Event, HostAllocFlags, ManagedBuffer, Misuse, PinnedBuffer,
     Slice as _, Stream,
 };
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{eventually, gpu_or_skip};
 
-use crate::pattern;
+use crate::{first_not_written, pattern};
 
 const SPIN: u64 = 300_000_000;
 
@@ -355,4 +355,63 @@ fn device_and_event_flags() {
     t.record(&s).unwrap();
     s.synchronize().unwrap();
     assert!(Event::elapsed_ms(&t, &ev).is_err());
+}
+
+/// An event another library owns (here: created with the raw runtime call), borrowed: it
+/// orders one stream after another, answers queries and host waits, and is not destroyed
+/// when the borrow ends.
+#[test]
+fn a_borrowed_event_orders_streams_and_is_left_to_its_owner() {
+    let dev = gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the event is destroyed at the end, after every use.
+    let code = unsafe { sys::cudaEventCreateWithFlags(&mut raw, sys::cudaEventDisableTiming) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    // SAFETY: `raw` is an event of this device, destroyed only after `ev` is dropped.
+    let ev = unsafe { Event::from_raw(raw, dev) };
+    assert!(!ev.is_owned());
+    assert_eq!((ev.as_raw(), ev.device()), (raw, dev));
+
+    let n = 4 << 20;
+    let (s1, s2) = (
+        Stream::non_blocking().unwrap(),
+        Stream::non_blocking().unwrap(),
+    );
+    let d = DeviceBuffer::<u32>::zeroed(n).unwrap();
+    d.synchronize().unwrap();
+    // Raw device addresses, outside cuda-mem's fences: only the event orders s2 after s1.
+    let p = d.as_ptr().cast_mut();
+    probes.spin(SPIN, &s1).unwrap();
+    // SAFETY: `p` is n u32 of device memory, 16-byte aligned, alive until both streams are
+    // synchronized below.
+    unsafe { probes.write(p.cast(), n * 4, &s1).unwrap() };
+    ev.record(&s1).unwrap();
+    assert!(!ev.is_complete().unwrap(), "nothing was tested");
+    ev.wait_on(&s2).unwrap();
+    let mut host = vec![0u32; n];
+    // SAFETY: `host` and `p` hold n u32; s2 is synchronized before `host` is read or freed.
+    let code = unsafe {
+        sys::cudaMemcpyAsync(
+            host.as_mut_ptr().cast(),
+            p.cast(),
+            n * 4,
+            sys::cudaMemcpyKind::cudaMemcpyDeviceToHost,
+            s2.as_raw(),
+        )
+    };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    s2.synchronize().unwrap();
+    assert_eq!(first_not_written(&host), None);
+    ev.synchronize().unwrap();
+    assert!(ev.is_complete().unwrap());
+    s1.synchronize().unwrap();
+
+    drop(ev);
+    // SAFETY: the owner's handle, still valid: the borrow did not destroy it.
+    let code = unsafe { sys::cudaEventQuery(raw) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    // SAFETY: destroyed once, by its owner.
+    let code = unsafe { sys::cudaEventDestroy(raw) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
 }

@@ -1,0 +1,618 @@
+//! [cudarc](https://docs.rs/cudarc) 0.19 and cuda-mem in one program (feature `cudarc`):
+//! cuda-mem memory as arguments of cudarc kernel launches and cudarc copies, and cudarc memory
+//! (`CudaSlice`, `CudaView`, `CudaViewMut`) in cuda-mem copies, memsets and kernels.
+//!
+//! # Two fences, both honoured
+//!
+//! Each side keeps its own record of the work pending on its memory. cuda-mem's buffers carry a
+//! fence that orders a stream after conflicting work and records the work queued while a
+//! [`DevicePtr`] guard lives; a cudarc `CudaSlice` carries a read and a write event, which
+//! cudarc's `DevicePtr::device_ptr` makes a stream wait for and whose `SyncOnDrop` records
+//! after the work. Crossing over keeps both:
+//!
+//! - **cuda-mem memory in cudarc work**: [`CudarcPtr::cudarc_ptr`] and
+//!   [`CudarcPtrMut::cudarc_ptr_mut`] are cuda-mem's guards for a cudarc stream
+//!   ([`CudarcRead`], [`CudarcWrite`]): they order that stream after the buffer's conflicting
+//!   work, record the work on the buffer when they drop, and go wherever cudarc takes memory:
+//!   as kernel arguments (`builder.arg(&guard)`) and through cudarc's own `DevicePtr` /
+//!   `DevicePtrMut` traits (`stream.memcpy_dtod(&guard, &mut slice)`). The plain guards of
+//!   [`DevicePtr`] / [`DevicePtrMut`] taken on a [`stream`] of cudarc's are kernel arguments
+//!   too.
+//! - **cudarc memory in cuda-mem work**: [`CudarcView`] and [`CudarcViewMut`] take cudarc
+//!   memory for one cudarc stream through cudarc's own `device_ptr` / `device_ptr_mut` (so the
+//!   stream waits for cudarc's pending writes, or reads and writes), and are cuda-mem memory
+//!   for as long as they live: [`copy_async`](crate::copy_async), [`copy`](crate::copy),
+//!   [`memset_async`](crate::memset_async), views, guards. When they drop, everything queued
+//!   through them is behind the end of that stream, where cudarc's `SyncOnDrop` records its
+//!   event and where the memory's own stream (which frees it) waits.
+//!
+//! ```no_run
+//! use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+//! use cudarc::nvrtc::Ptx;
+//! use cuda_mem::interop::cudarc::{CudarcPtr, CudarcView};
+//! use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer};
+//! # const PTX: &str = "";
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ctx = CudaContext::new(0)?;
+//! let cs = ctx.new_stream()?;                              // a cudarc stream
+//! let f = ctx.load_module(Ptx::from_src(PTX))?.load_function("double")?;
+//! let x = DeviceBuffer::from_slice(&[1u32, 2, 3])?;        // cuda-mem memory
+//! let mut y: CudaSlice<u32> = cs.alloc_zeros(3)?;          // cudarc memory
+//! {
+//!     let xr = x.cudarc_ptr(&cs)?;                         // orders `cs` after writes to x
+//!     let mut launch = cs.launch_builder(&f);
+//!     launch.arg(&xr).arg(&mut y).arg(&3u32);              // y: cudarc orders and records it
+//!     // SAFETY: `double(const u32*, u32*, u32)` reads and writes 3 elements, on `cs`.
+//!     unsafe { launch.launch(LaunchConfig::for_num_elems(3))? };
+//! }                                                        // xr records the launch on x
+//! let mut host = PinnedBuffer::<u32>::zeroed(3, HostAllocFlags::DEFAULT)?;
+//! {
+//!     let view = CudarcView::new(&y, &cs)?;                // waits for cudarc's write of y
+//!     copy_async(&mut host, &view, view.stream())?;
+//! }                                                        // y's read event covers the copy
+//! assert_eq!(host.as_slice()?, &[2, 4, 6]);                // waits for the copy
+//! # Ok(()) }
+//! ```
+//!
+//! # Rules
+//!
+//! - cudarc's context must be its device's **primary context** (`CudaContext::new`): the CUDA
+//!   runtime, and so cuda-mem, works in primary contexts. Others are refused
+//!   ([`Misuse::InvalidArgument`]).
+//! - Launching is `unsafe` (`LaunchArgs::launch`), and its caller promises what cuda-mem's
+//!   guards require: the launch is on the guard's stream, while the guard lives (see
+//!   [`DevicePtr`]). cudarc's `DevicePtr::device_ptr` on a guard *does* check the stream it is
+//!   given: on another stream, that stream first waits for the guard's, and the returned
+//!   `SyncOnDrop` synchronizes it, so the work is complete before the guard records.
+//! - A view is bound to its stream: work through it on another stream is refused
+//!   ([`Misuse::InvalidArgument`]), except the synchronous copies ([`copy`](crate::copy)),
+//!   which are ordered after the stream and before the view's end like any other work.
+//! - The cuda-mem [`Stream`] over a cudarc stream ([`stream`]) keeps cudarc's `Arc<CudaStream>`
+//!   alive for as long as any buffer's fence may still record on it.
+//!
+//! # Features
+//!
+//! `cudarc` pins cudarc's CUDA API version to 12.0 (`cudarc/cuda-12000`) and loads libcuda at
+//! run time (`fallback-dynamic-loading`), so nothing is linked and any driver that runs a
+//! CUDA 12 or 13 runtime serves. An application that selects another of cudarc's `cuda-*`
+//! features enables `cudarc-unpinned` instead (cudarc accepts exactly one).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use ::cudarc::driver::{
+    result as dresult, sys as dsys, CudaStream, DevicePtr as CudarcDevicePtr,
+    DevicePtrMut as CudarcDevicePtrMut, DeviceSlice, DriverError, LaunchArgs, PushKernelArg,
+    SyncOnDrop,
+};
+use bytemuck::Pod;
+
+use crate::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
+use crate::copy::{sealed, Loc};
+use crate::devices::Device;
+use crate::error::{Error, ErrorCode, Misuse, Result};
+use crate::fence::{Access, Fence};
+use crate::stream::{Stream, StreamInner};
+
+/// A cudarc driver error as this crate's [`Error`]: driver and runtime number the errors they
+/// share alike (`CUDA_ERROR_ILLEGAL_ADDRESS` = `cudaErrorIllegalAddress` = 700, ...).
+fn driver_error(e: DriverError, call: impl Into<String>) -> Error {
+    Error::Cuda {
+        code: ErrorCode(e.0 as u32),
+        call: call.into(),
+    }
+}
+
+/// cudarc's handle to a stream, held by the cuda-mem [`Stream`] over it (and so by every fence
+/// that may record on that stream), released with the last clone.
+struct Keeper(Option<Arc<CudaStream>>);
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        // Releasing cudarc's last handle to a stream it owns binds the stream's context to this
+        // thread first (cudarc's `bind_to_thread`), which would change the runtime's current
+        // device under whoever dropped a buffer here: give the thread back its context.
+        let before = dresult::ctx::get_current();
+        drop(self.0.take());
+        if let Ok(before) = before {
+            if dresult::ctx::get_current().ok() != Some(before) {
+                // SAFETY: `before` was the thread's current context a moment ago (or none:
+                // null unbinds); what was dropped belongs to cudarc's context, a primary
+                // context that the runtime keeps alive. Errors are ignored (drop never panics).
+                let _ =
+                    unsafe { dresult::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) };
+            }
+        }
+    }
+}
+
+/// A cuda-mem [`Stream`] over a cudarc stream, for cuda-mem's copies, memsets and guards on
+/// it. It keeps cudarc's `Arc<CudaStream>` alive until neither it nor any buffer that queued
+/// work on it needs the handle, so unlike [`Stream::from_raw`] it is safe.
+///
+/// cudarc's `default_stream()` (the null handle) becomes the legacy default stream of its
+/// device ([`Stream::legacy_default`]).
+///
+/// Errors: [`Misuse::InvalidArgument`] for a stream of a context that is not its device's
+/// primary context, or for the per-thread default stream (`per_thread_stream()`, which names
+/// a stream of whichever device is current); the runtime's error when the device is unknown
+/// to it.
+pub fn stream(s: &Arc<CudaStream>) -> Result<Stream> {
+    let op = "interop::cudarc::stream";
+    let ctx = s.context();
+    if !ctx.is_primary() {
+        return Err(Misuse::InvalidArgument {
+            op,
+            reason: format!(
+                "the stream's context is not the primary context of device {} (cudarc's \
+                 CudaContext::new): the CUDA runtime, and so cuda-mem, works in primary contexts",
+                ctx.ordinal()
+            ),
+        }
+        .into());
+    }
+    let raw = s.cu_stream();
+    // cudaStreamLegacy (1) and cudaStreamPerThread (2) are not streams but names for one of
+    // whichever device is current when a call is made.
+    if raw as usize == 1 || raw as usize == 2 {
+        return Err(Misuse::InvalidArgument {
+            op,
+            reason: format!(
+                "handle {raw:p} is the per-thread (or legacy) default stream of whichever \
+                 device is current: use a stream from new_stream() or default_stream()"
+            ),
+        }
+        .into());
+    }
+    let ordinal = i32::try_from(ctx.ordinal()).map_err(|_| Misuse::InvalidArgument {
+        op,
+        reason: format!("device ordinal {} out of range", ctx.ordinal()),
+    })?;
+    let device = Device::get(ordinal)?;
+    Ok(Stream::kept_alive_by(
+        raw.cast(),
+        device,
+        Box::new(Keeper(Some(s.clone()))),
+    ))
+}
+
+/// The cudarc streams a guard hands out its address on. On the guard's own stream the guard
+/// orders and records the work. On another, that stream first waits for the guard's stream
+/// (which the guard ordered after the buffer's conflicting work), and the `SyncOnDrop`
+/// synchronizes it once the work is queued, so that it is complete before the guard records.
+fn follow<'a>(ours: &CudaStream, theirs: &'a CudaStream) -> SyncOnDrop<'a> {
+    if ours == theirs {
+        return SyncOnDrop::Sync(None);
+    }
+    if let Err(e) = theirs.join(ours) {
+        // Without the device-side wait, finish the guard's stream on the host instead.
+        let ctx = theirs.context();
+        ctx.record_err::<()>(Err(e));
+        ctx.record_err(ours.synchronize());
+    }
+    SyncOnDrop::sync_stream(theirs)
+}
+
+/// A read guard of cuda-mem memory for a cudarc stream ([`CudarcPtr::cudarc_ptr`]): a
+/// [`DeviceRead`] (which it dereferences to) that also knows its cudarc stream, so it goes
+/// wherever cudarc takes memory: `builder.arg(&guard)`, and cudarc's `DevicePtr` trait
+/// (`stream.memcpy_dtod(&guard, &mut slice)`, `stream.memcpy_dtov(&guard)`).
+#[must_use = "the guard records the work queued while it lives: keep it until after the launch"]
+pub struct CudarcRead<'a, T> {
+    guard: DeviceRead<'a, T>,
+    stream: Arc<CudaStream>,
+}
+
+/// A write guard of cuda-mem memory for a cudarc stream ([`CudarcPtrMut::cudarc_ptr_mut`]):
+/// a [`DeviceWrite`] that cudarc takes as a kernel argument and through its `DevicePtr` and
+/// `DevicePtrMut` traits (`stream.memcpy_htod(&host, &mut guard)`).
+#[must_use = "the guard records the work queued while it lives: keep it until after the launch"]
+pub struct CudarcWrite<'a, T> {
+    guard: DeviceWrite<'a, T>,
+    stream: Arc<CudaStream>,
+}
+
+impl<'a, T> std::ops::Deref for CudarcRead<'a, T> {
+    type Target = DeviceRead<'a, T>;
+    fn deref(&self) -> &DeviceRead<'a, T> {
+        &self.guard
+    }
+}
+
+impl<'a, T> std::ops::Deref for CudarcWrite<'a, T> {
+    type Target = DeviceWrite<'a, T>;
+    fn deref(&self) -> &DeviceWrite<'a, T> {
+        &self.guard
+    }
+}
+
+impl<T> fmt::Debug for CudarcRead<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CudarcRead({:?}, stream {:p})",
+            self.guard,
+            self.stream.cu_stream()
+        )
+    }
+}
+
+impl<T> fmt::Debug for CudarcWrite<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CudarcWrite({:?}, stream {:p})",
+            self.guard,
+            self.stream.cu_stream()
+        )
+    }
+}
+
+/// cuda-mem memory that cudarc work may read: every kind [`DevicePtr`] covers, views
+/// included. Implemented for all of them.
+pub trait CudarcPtr<T: Pod>: DevicePtr<T> {
+    /// [`DevicePtr::device_ptr`] for work on the cudarc stream `stream` (see [`stream`] for
+    /// what is refused).
+    fn cudarc_ptr(&self, stream: &Arc<CudaStream>) -> Result<CudarcRead<'_, T>> {
+        let s = self::stream(stream)?;
+        Ok(CudarcRead {
+            guard: self.device_ptr(&s)?,
+            stream: stream.clone(),
+        })
+    }
+}
+impl<T: Pod, M: DevicePtr<T> + ?Sized> CudarcPtr<T> for M {}
+
+/// cuda-mem memory that cudarc work may write. Implemented for every writable
+/// [`CudarcPtr`] kind.
+pub trait CudarcPtrMut<T: Pod>: DevicePtrMut<T> {
+    /// [`DevicePtrMut::device_ptr_mut`] for work on the cudarc stream `stream`.
+    fn cudarc_ptr_mut(&mut self, stream: &Arc<CudaStream>) -> Result<CudarcWrite<'_, T>> {
+        let s = self::stream(stream)?;
+        Ok(CudarcWrite {
+            guard: self.device_ptr_mut(&s)?,
+            stream: stream.clone(),
+        })
+    }
+}
+impl<T: Pod, M: DevicePtrMut<T> + ?Sized> CudarcPtrMut<T> for M {}
+
+impl<T> DeviceSlice<T> for CudarcRead<'_, T> {
+    fn len(&self) -> usize {
+        self.guard.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> CudarcDevicePtr<T> for CudarcRead<'_, T> {
+    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (dsys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.guard.addr(), follow(&self.stream, stream))
+    }
+}
+
+impl<T> DeviceSlice<T> for CudarcWrite<'_, T> {
+    fn len(&self) -> usize {
+        self.guard.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> CudarcDevicePtr<T> for CudarcWrite<'_, T> {
+    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (dsys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.guard.addr(), follow(&self.stream, stream))
+    }
+}
+
+impl<T> CudarcDevicePtrMut<T> for CudarcWrite<'_, T> {
+    fn device_ptr_mut<'b>(
+        &'b mut self,
+        stream: &'b CudaStream,
+    ) -> (dsys::CUdeviceptr, SyncOnDrop<'b>) {
+        (self.guard.addr(), follow(&self.stream, stream))
+    }
+}
+
+/// The guards as kernel arguments of cudarc's launch builder: each pushes a reference to its
+/// `CUdeviceptr`, as cudarc does for a `CudaSlice`.
+macro_rules! push_guard {
+    ($($arg:ty => |$a:ident| $addr:expr;)+) => {$(
+        // SAFETY: the builder keeps a pointer to the argument's value until it launches; the
+        // value is the guard's `CUdeviceptr` (a `u64`, the kernel's pointer parameter), which
+        // lives unmoved behind the `&'b` borrow for as long as the builder (`'b: 'a`). The
+        // launch itself is `unsafe`: its caller promises a kernel that uses the memory as the
+        // guard allows, on the guard's stream, while the guard lives; the guard ordered that
+        // stream and records the launch when it drops.
+        unsafe impl<'a, 'b: 'a, 'c, T> PushKernelArg<$arg> for LaunchArgs<'a> {
+            #[inline(always)]
+            fn arg(&mut self, $a: $arg) -> &mut Self {
+                <Self as PushKernelArg<&'b u64>>::arg(self, $addr)
+            }
+        }
+    )+};
+}
+push_guard! {
+    &'b DeviceRead<'c, T> => |g| g.addr_ref();
+    &'b DeviceWrite<'c, T> => |g| g.addr_ref();
+    &'b mut DeviceWrite<'c, T> => |g| {
+        let g: &'b DeviceWrite<'c, T> = g;
+        g.addr_ref()
+    };
+    &'b CudarcRead<'c, T> => |g| g.guard.addr_ref();
+    &'b CudarcWrite<'c, T> => |g| g.guard.addr_ref();
+    &'b mut CudarcWrite<'c, T> => |g| {
+        let g: &'b CudarcWrite<'c, T> = g;
+        g.guard.addr_ref()
+    };
+}
+
+/// What the two views of cudarc memory share.
+struct Bound<'a> {
+    addr: u64,
+    len: usize,
+    bytes: usize,
+    /// The device of the memory (its cudarc context's).
+    device: i32,
+    /// The cudarc stream the view is for, and cuda-mem's [`Stream`] over it.
+    cstream: Arc<CudaStream>,
+    stream: Stream,
+    /// The stream the memory belongs to (cudarc allocates and frees it there).
+    owner: Arc<CudaStream>,
+    /// Work queued through the view: on `stream`, and synchronous copies on the legacy default
+    /// stream.
+    fence: Fence,
+    /// cudarc's own record of the access, made on `cstream` when this drops: after
+    /// `Bound::drop` has put every piece of work of the view before the end of `cstream`.
+    _record: SyncOnDrop<'a>,
+}
+
+impl<'a> Bound<'a> {
+    /// The view of `len` elements of `T` that cudarc's `device_ptr` or `device_ptr_mut` (run
+    /// by `take`, on `cstream`) hands out, of memory that belongs to the stream `owner`.
+    fn new<T>(
+        len: usize,
+        owner: Arc<CudaStream>,
+        cstream: &'a Arc<CudaStream>,
+        take: impl FnOnce(&'a CudaStream) -> (dsys::CUdeviceptr, SyncOnDrop<'a>),
+        op: &'static str,
+    ) -> Result<Self> {
+        let stream = self::stream(cstream)?;
+        let ordinal = owner.context().ordinal();
+        let device = i32::try_from(ordinal).map_err(|_| Misuse::InvalidArgument {
+            op,
+            reason: format!("device ordinal {ordinal} out of range"),
+        })?;
+        // An error cudarc stored earlier (in a drop) is reported, not blamed on the waits below.
+        let ctx = cstream.context();
+        ctx.check_err()
+            .map_err(|e| driver_error(e, "an earlier cudarc call (CudaContext::check_err)"))?;
+        if owner != *cstream {
+            // Behind all work queued on the memory's own stream (its allocation included),
+            // also when cudarc does not track events (one stream only, or tracking disabled).
+            cstream
+                .join(&owner)
+                .map_err(|e| driver_error(e, format!("{op}: CudaStream::join")))?;
+        }
+        // cudarc's fence: `cstream` waits for the events cudarc recorded on the memory.
+        let (addr, record) = take(cstream.as_ref());
+        ctx.check_err()
+            .map_err(|e| driver_error(e, format!("{op}: cudarc's device_ptr (stream wait)")))?;
+        let bytes = len * std::mem::size_of::<T>();
+        let fence = Fence::default();
+        // Everything cudarc wrote before is behind the current end of `stream`: as writes of
+        // `stream` here, so that work on another stream (a synchronous copy on the legacy
+        // default stream) waits for it too.
+        fence.mark(&stream, (0, bytes), Access::Write);
+        Ok(Bound {
+            addr,
+            len,
+            bytes,
+            device,
+            cstream: cstream.clone(),
+            stream,
+            owner,
+            fence,
+            _record: record,
+        })
+    }
+
+    fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
+        if StreamInner::same(stream.inner(), self.stream.inner()) {
+            return Ok(());
+        }
+        Err(Misuse::InvalidArgument {
+            op,
+            reason: format!(
+                "this view of cudarc memory is for stream {:p} (device {}), not stream {:p} \
+                 (device {}): make another view for that stream",
+                self.stream.as_raw(),
+                self.stream.device().ordinal(),
+                stream.as_raw(),
+                stream.device().ordinal()
+            ),
+        }
+        .into())
+    }
+}
+
+impl Drop for Bound<'_> {
+    fn drop(&mut self) {
+        // Drop never panics; errors are ignored, each with a stronger fallback.
+        // 1. Work queued through the view on other streams (synchronous copies) before the end
+        //    of `stream`, where cudarc's record is made next.
+        if self
+            .fence
+            .order(&self.stream, (0, self.bytes), Access::Write)
+            .is_err()
+        {
+            let _ = self.fence.host_wait(Access::Write);
+        }
+        // 2. The memory's own stream (where cudarc frees it, and where work goes when cudarc
+        //    tracks no events) after all of it.
+        if self.owner != self.cstream {
+            if let Err(e) = self.owner.join(&self.cstream) {
+                let ctx = self.owner.context();
+                ctx.record_err::<()>(Err(e));
+                ctx.record_err(self.cstream.synchronize());
+            }
+        }
+        // 3. `_record` drops next: cudarc records its read or write event on `cstream`.
+    }
+}
+
+impl fmt::Debug for Bound<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:#x}, {} elements, device {}, stream {:p}",
+            self.addr,
+            self.len,
+            self.device,
+            self.stream.as_raw()
+        )
+    }
+}
+
+/// cudarc memory (a `CudaSlice`, `CudaView` or `CudaViewMut`) read by cuda-mem work on one
+/// cudarc stream: a source for [`copy_async`](crate::copy_async) and [`copy`](crate::copy),
+/// and for kernels through [`DevicePtr`]. See the [module docs](self).
+pub struct CudarcView<'a, T> {
+    bound: Bound<'a>,
+    _mem: PhantomData<&'a [T]>,
+}
+
+/// cudarc memory (a `CudaSlice` or `CudaViewMut`) read and written by cuda-mem work on one
+/// cudarc stream: also a destination for copies and [`memset_async`](crate::memset_async),
+/// and writable through [`DevicePtrMut`].
+pub struct CudarcViewMut<'a, T> {
+    bound: Bound<'a>,
+    _mem: PhantomData<&'a mut [T]>,
+}
+
+impl<'a, T: Pod> CudarcView<'a, T> {
+    /// Views `mem` for cuda-mem work on `stream`: `stream` is ordered after all work queued on
+    /// the memory's own stream and after cudarc's pending writes (cudarc's
+    /// `DevicePtr::device_ptr`). The view borrows `mem`; when it drops, cudarc's read event
+    /// covers what was queued through it.
+    ///
+    /// Errors: those of [`stream`]; the driver's, for a failed wait.
+    pub fn new<S: CudarcDevicePtr<T> + ?Sized>(
+        mem: &'a S,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Self> {
+        let bound = Bound::new::<T>(
+            mem.len(),
+            mem.stream().clone(),
+            stream,
+            move |s| mem.device_ptr(s),
+            "CudarcView::new",
+        )?;
+        Ok(CudarcView {
+            bound,
+            _mem: PhantomData,
+        })
+    }
+}
+
+impl<'a, T: Pod> CudarcViewMut<'a, T> {
+    /// Views `mem` for cuda-mem work on `stream` that may write it: `stream` is ordered after
+    /// all work queued on the memory's own stream and after cudarc's pending reads and writes
+    /// (cudarc's `DevicePtrMut::device_ptr_mut`). When the view drops, cudarc's write event
+    /// covers what was queued through it.
+    pub fn new<S: CudarcDevicePtrMut<T> + ?Sized>(
+        mem: &'a mut S,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Self> {
+        let (len, owner) = (mem.len(), mem.stream().clone());
+        let bound = Bound::new::<T>(
+            len,
+            owner,
+            stream,
+            move |s| {
+                let mem: &'a mut S = mem;
+                mem.device_ptr_mut(s)
+            },
+            "CudarcViewMut::new",
+        )?;
+        Ok(CudarcViewMut {
+            bound,
+            _mem: PhantomData,
+        })
+    }
+}
+
+/// What the two views have in common: accessors and the sealed memory traits.
+macro_rules! cudarc_view {
+    ($ty:ident) => {
+        impl<T> $ty<'_, T> {
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                self.bound.len
+            }
+
+            /// Whether the view is empty (cudarc allows empty slices; work on them does
+            /// nothing).
+            pub fn is_empty(&self) -> bool {
+                self.bound.len == 0
+            }
+
+            /// The cuda-mem stream over the view's cudarc stream: the one its work goes on.
+            pub fn stream(&self) -> &Stream {
+                &self.bound.stream
+            }
+
+            /// The device address (`CUdeviceptr`) of the first element.
+            pub fn addr(&self) -> u64 {
+                self.bound.addr
+            }
+        }
+
+        impl<T> fmt::Debug for $ty<'_, T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}({:?})", stringify!($ty), self.bound)
+            }
+        }
+
+        impl<T> sealed::Raw<T> for $ty<'_, T> {
+            fn raw_ptr(&self) -> *const T {
+                self.bound.addr as *const T
+            }
+            fn raw_len(&self) -> usize {
+                self.bound.len
+            }
+            fn loc(&self) -> Loc {
+                Loc::Device
+            }
+            fn fence(&self) -> Option<&Fence> {
+                Some(&self.bound.fence)
+            }
+            fn device_ordinal(&self) -> Option<i32> {
+                Some(self.bound.device)
+            }
+            fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
+                self.bound.check_stream(stream, op)
+            }
+        }
+
+        impl<T> sealed::Async<T> for $ty<'_, T> {
+            fn device_addr(&self) -> Result<*const T> {
+                Ok(self.bound.addr as *const T)
+            }
+            fn async_fence(&self) -> &Fence {
+                &self.bound.fence
+            }
+        }
+    };
+}
+cudarc_view!(CudarcView);
+cudarc_view!(CudarcViewMut);
+
+impl<T> sealed::RawMut<T> for CudarcViewMut<'_, T> {
+    fn raw_mut_ptr(&mut self) -> *mut T {
+        self.bound.addr as *mut T
+    }
+}

@@ -1,0 +1,322 @@
+//! cuda-mem with cudarc in the process (`cuda_mem::interop::cudarc`): cudarc's streams,
+//! kernels and memory.
+//!
+//! Each ordering test holds one stream with a slow kernel (`cm_spin`, loaded through cudarc
+//! or cuda-mem's probes), queues a write behind it, then reads from *another* stream: the read
+//! sees the write only if the ordering that the test is about does its job, and the test checks
+//! that the write was indeed still pending when the read was queued.
+
+use std::sync::Arc;
+
+use cuda_mem::interop::cudarc::{
+    stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
+};
+use cuda_mem::{
+    copy, copy_async, Device, DeviceBuffer, DevicePtr as _, HostAllocFlags, Misuse, PinnedBuffer,
+};
+use cuda_mem_probes::{Probes, PROBE_PTX};
+use cuda_mem_tests::gpu_or_skip;
+use cudarc::driver::{
+    result as dresult, CudaContext, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::{first_not_written, pattern};
+
+/// How long the slow kernel holds its stream.
+const SPIN: u64 = 300_000_000;
+/// Elements per buffer: 16 MiB of `u32`.
+const N: usize = 4 << 20;
+
+/// cudarc's primary context of `dev`, with the probe kernels loaded through cudarc.
+fn cudarc_setup(dev: Device) -> (Arc<CudaContext>, Arc<CudaModule>) {
+    let ctx = CudaContext::new(dev.ordinal() as usize).unwrap();
+    let ptx = PROBE_PTX.to_str().unwrap();
+    let module = ctx.load_module(Ptx::from_src(ptx)).unwrap();
+    (ctx, module)
+}
+
+fn one_thread() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn grid() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (256, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Holds `s` for [`SPIN`] ns with `cm_spin`, launched through cudarc.
+fn cudarc_spin(s: &Arc<CudaStream>, m: &Arc<CudaModule>) {
+    let f = m.load_function("cm_spin").unwrap();
+    let mut l = s.launch_builder(&f);
+    l.arg(&SPIN);
+    // SAFETY: cm_spin takes one u64 and touches no memory.
+    unsafe { l.launch(one_thread()) }.unwrap();
+}
+
+/// cudarc's fence honoured by cuda-mem: a cudarc kernel writes a `CudaSlice` on stream A
+/// behind a slow kernel; a cuda-mem copy of it on stream B, through a `CudarcView`, sees the
+/// finished write. The slice belongs to B, so only cudarc's write event orders B after A.
+#[test]
+fn a_cuda_mem_copy_on_another_stream_waits_for_a_long_cudarc_write() {
+    let dev = gpu_or_skip!();
+    let (ctx, m) = cudarc_setup(dev);
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut z: CudaSlice<u32> = b.alloc_zeros(N).unwrap();
+    b.synchronize().unwrap();
+    cudarc_spin(&a, &m);
+    let write = m.load_function("cm_write").unwrap();
+    let words = (N / 4) as u64;
+    let mut l = a.launch_builder(&write);
+    l.arg(&mut z).arg(&words);
+    // SAFETY: cm_write(uint4* p, u64 n) writes n 16-byte words: all of `z`; cudarc records
+    // the launch on z's write event.
+    unsafe { l.launch(grid()) }.unwrap();
+    drop(l);
+    let mut back = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
+    {
+        let view = CudarcView::new(&z, &b).unwrap();
+        assert_eq!(view.len(), N);
+        assert_eq!(view.stream().as_raw() as usize, b.cu_stream() as usize);
+        copy_async(&mut back, &view, view.stream()).unwrap();
+    }
+    assert!(
+        !stream(&a).unwrap().is_idle().unwrap(),
+        "the cudarc write was done before the copy was queued: nothing was tested"
+    );
+    assert_eq!(first_not_written(back.as_slice().unwrap()), None);
+}
+
+/// cuda-mem's fence honoured by cudarc: a cuda-mem copy writes a `DeviceBuffer` on stream A
+/// behind a slow kernel; a cudarc kernel on stream B reads it through `cudarc_ptr`, which
+/// orders B after the copy, and checksums it into cudarc memory.
+#[test]
+fn a_cudarc_kernel_on_another_stream_waits_for_a_long_cuda_mem_write() {
+    let dev = gpu_or_skip!();
+    let (ctx, m) = cudarc_setup(dev);
+    let probes = Probes::load().unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let sa = stream(&a).unwrap();
+    let data = pattern(N, 3);
+    let src = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
+    let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    probes.spin(SPIN, &sa).unwrap();
+    copy_async(&mut d, &src, &sa).unwrap();
+    let xor = m.load_function("cm_xor").unwrap();
+    let mut out: CudaSlice<u32> = b.alloc_zeros(1).unwrap();
+    {
+        let dr = d.cudarc_ptr(&b).unwrap();
+        let n = N as u64;
+        let mut l = b.launch_builder(&xor);
+        l.arg(&dr).arg(&n).arg(&mut out);
+        // SAFETY: cm_xor(const u32* p, u64 n, u32* out): the guard's N u32, taken for `b`,
+        // and cudarc's one-element slice; the guard records the launch on `d` when it drops.
+        unsafe { l.launch(grid()) }.unwrap();
+    }
+    assert!(
+        !sa.is_idle().unwrap(),
+        "the cuda-mem write was done before the kernel was queued: nothing was tested"
+    );
+    let got = b.clone_dtoh(&out).unwrap();
+    assert_eq!(got, vec![data.iter().fold(0, |x, &v| x ^ v)]);
+    // The kernel's read was recorded on `d`: a write to it from the host side waits for it.
+    d.memset(0).unwrap();
+    assert!(d.to_vec().unwrap().iter().all(|&v| v == 0));
+}
+
+/// A synchronous `copy` out of a view runs on the legacy default stream, which does not wait
+/// for cudarc's non-blocking streams by itself: it still sees cudarc's pending write.
+#[test]
+fn a_synchronous_copy_from_a_cudarc_view_waits_for_the_cudarc_write() {
+    let dev = gpu_or_skip!();
+    let (ctx, m) = cudarc_setup(dev);
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut z: CudaSlice<u32> = b.alloc_zeros(N).unwrap();
+    b.synchronize().unwrap();
+    cudarc_spin(&a, &m);
+    let write = m.load_function("cm_write").unwrap();
+    let words = (N / 4) as u64;
+    let mut l = a.launch_builder(&write);
+    l.arg(&mut z).arg(&words);
+    // SAFETY: as in the first test: all of `z`, recorded on its write event.
+    unsafe { l.launch(grid()) }.unwrap();
+    drop(l);
+    let view = CudarcView::new(&z, &b).unwrap();
+    assert!(
+        !stream(&a).unwrap().is_idle().unwrap(),
+        "nothing was tested"
+    );
+    let mut back = vec![0u32; N];
+    copy(&mut back, &view).unwrap();
+    assert_eq!(first_not_written(&back), None);
+}
+
+/// cuda-mem writes cudarc memory (a copy through a `CudarcViewMut`, behind a slow kernel on
+/// its stream B); cudarc reads it on a third stream C: the view's end records cudarc's write
+/// event, which cudarc makes C wait for.
+#[test]
+fn cudarc_work_on_another_stream_waits_for_a_cuda_mem_write_of_cudarc_memory() {
+    let dev = gpu_or_skip!();
+    let (ctx, _m) = cudarc_setup(dev);
+    let probes = Probes::load().unwrap();
+    let (a, b, c) = (
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+        ctx.new_stream().unwrap(),
+    );
+    let mut z: CudaSlice<u32> = a.alloc_zeros(N).unwrap();
+    a.synchronize().unwrap();
+    let data = pattern(N, 4);
+    let src = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
+    let sb = stream(&b).unwrap();
+    probes.spin(SPIN, &sb).unwrap();
+    {
+        let mut v = CudarcViewMut::new(&mut z, &b).unwrap();
+        copy_async(&mut v, &src, &sb).unwrap();
+    }
+    assert!(!sb.is_idle().unwrap(), "nothing was tested");
+    let got = c.clone_dtoh(&z).unwrap();
+    assert!(got == data, "cudarc read z before cuda-mem's write landed");
+}
+
+/// cudarc's own copies take cuda-mem guards (cudarc's `DevicePtr` / `DevicePtrMut`): on the
+/// guard's stream, and on another, which first waits for the guard's stream.
+#[test]
+fn cudarc_copies_take_cuda_mem_guards_on_any_stream() {
+    let dev = gpu_or_skip!();
+    let (ctx, _m) = cudarc_setup(dev);
+    let probes = Probes::load().unwrap();
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let data = pattern(N, 5);
+
+    // Device to device on the guard's own stream.
+    let d = DeviceBuffer::from_slice(&data).unwrap();
+    let mut z: CudaSlice<u32> = a.alloc_zeros(N).unwrap();
+    {
+        let g = d.cudarc_ptr(&a).unwrap();
+        a.memcpy_dtod(&g, &mut z).unwrap();
+    }
+    assert!(a.clone_dtoh(&z).unwrap() == data);
+
+    // A guard for A, used by a cudarc copy on B while a cuda-mem write to the buffer is
+    // pending on A: B waits for A.
+    let sa = stream(&a).unwrap();
+    let src = PinnedBuffer::from_slice(&pattern(N, 6), HostAllocFlags::DEFAULT).unwrap();
+    let mut d2 = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    probes.spin(SPIN, &sa).unwrap();
+    copy_async(&mut d2, &src, &sa).unwrap();
+    let mut z2: CudaSlice<u32> = b.alloc_zeros(N).unwrap();
+    {
+        let g = d2.cudarc_ptr(&a).unwrap();
+        assert!(!sa.is_idle().unwrap(), "nothing was tested");
+        b.memcpy_dtod(&g, &mut z2).unwrap();
+    }
+    assert!(b.clone_dtoh(&z2).unwrap() == src.as_slice().unwrap());
+
+    // Host to device through a write guard, then read by cuda-mem.
+    let mut e = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    {
+        let mut g = e.cudarc_ptr_mut(&b).unwrap();
+        b.memcpy_htod(&data[..], &mut g).unwrap();
+    }
+    assert!(e.to_vec().unwrap() == data);
+}
+
+/// What cannot be ordered is refused, with the exact error: contexts other than the primary
+/// one, the per-thread default stream, work through a view on another stream than its own.
+/// cudarc's default (null) stream is the legacy default stream.
+#[test]
+fn streams_and_views_refuse_what_they_cannot_order() {
+    let dev = gpu_or_skip!();
+    let (ctx, _m) = cudarc_setup(dev);
+    let op = "interop::cudarc::stream";
+
+    let e = stream(&ctx.per_thread_stream()).unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::InvalidArgument { op: o, reason })
+            if *o == op && reason.contains("per-thread")),
+        "{e}"
+    );
+
+    let other = CudaContext::new_non_primary(dev.ordinal() as usize, 0).unwrap();
+    let e = stream(&other.default_stream()).unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::InvalidArgument { op: o, reason })
+            if *o == op && reason.contains("not the primary context")),
+        "{e}"
+    );
+    drop(other);
+    ctx.bind_to_thread().unwrap(); // the runtime's context again, for what follows
+
+    let legacy = stream(&ctx.default_stream()).unwrap();
+    assert!(legacy.as_raw().is_null());
+    assert_eq!(legacy.device(), dev);
+
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let z: CudaSlice<u32> = a.alloc_zeros(1024).unwrap();
+    let view = CudarcView::new(&z, &a).unwrap();
+    let sb = stream(&b).unwrap();
+    let mut back = PinnedBuffer::<u32>::zeroed(1024, HostAllocFlags::DEFAULT).unwrap();
+    let e = copy_async(&mut back, &view, &sb).unwrap_err();
+    assert!(
+        matches!(
+            e.misuse(),
+            Some(Misuse::InvalidArgument {
+                op: "copy_async",
+                ..
+            })
+        ),
+        "{e}"
+    );
+    let e = view.device_ptr(&sb).unwrap_err();
+    assert!(
+        matches!(
+            e.misuse(),
+            Some(Misuse::InvalidArgument {
+                op: "device_ptr",
+                ..
+            })
+        ),
+        "{e}"
+    );
+    // Any cuda-mem stream over the view's own cudarc stream is the view's stream.
+    copy_async(&mut back, &view, &stream(&a).unwrap()).unwrap();
+    drop(view);
+    assert!(back.as_slice().unwrap().iter().all(|&v| v == 0));
+}
+
+/// The cuda-mem stream over a cudarc stream keeps it alive for the buffers that recorded work
+/// on it, after cudarc's last handle is gone; releasing it leaves the thread's context as it
+/// was.
+#[test]
+fn a_cudarc_stream_lives_as_long_as_cuda_mem_needs_it() {
+    let dev = gpu_or_skip!();
+    let (ctx, _m) = cudarc_setup(dev);
+    let probes = Probes::load().unwrap();
+    let a = ctx.new_stream().unwrap();
+    let s = stream(&a).unwrap();
+    let data = pattern(N, 7);
+    let src = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
+    let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    probes.spin(SPIN, &s).unwrap();
+    copy_async(&mut d, &src, &s).unwrap();
+    drop((s, a)); // the buffers' fences hold the last handles
+                  // Waiting records an event on the stream: it must still exist.
+    assert!(d.to_vec().unwrap() == data);
+
+    let a = ctx.new_stream().unwrap();
+    let s = stream(&a).unwrap();
+    drop(a);
+    // SAFETY: unbinding the thread's context (null is allowed); rebound below.
+    unsafe { dresult::ctx::set_current(std::ptr::null_mut()) }.unwrap();
+    drop(s); // cudarc binds its context to destroy the stream; the thread gets its own back
+    assert_eq!(dresult::ctx::get_current().unwrap(), None);
+    ctx.bind_to_thread().unwrap();
+}
