@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Checks the benchmark bars of `cuda-mem bench` against the C++ reference run in the same call.
 
-usage: compare-refbench.py bench.json membench-before.txt [membench-after.txt ...]
+usage: compare-refbench.py bench.json [--limits limits.txt] membench-before.txt [membench-after.txt ...]
 
 Bars: our copies >= 99% of the raw path's bandwidth at 1 MiB and above, >= 95% at 4 KiB;
 pinned H2D and D2H at 256 MiB >= 97% of ../shared/refbench/membench.cu (the best of the
 reference runs given, before and after ours, so machine drift cannot flatter us); and the
-per-call bars of the asynchronous calls section (issue 8).
+per-call bars of the asynchronous calls section (issue 8); with a `host` section, the bars of
+issue 10 (pinned pool, cold pinning, staged pageable copies; `--limits` gives the output of
+../shared/refbench/limits.cu from the same call: host memcpy ceiling and the naive staged ring);
+and the pooled allocation bar of issue 11.
 Exit status 0 when every bar holds.
 """
 import json
@@ -27,8 +30,14 @@ def ref_figures(path):
 
 
 def main():
-    bench = json.load(open(sys.argv[1]))
-    refs = [ref_figures(p) for p in sys.argv[2:]]
+    args = sys.argv[1:]
+    limits = {}
+    if "--limits" in args:
+        i = args.index("--limits")
+        limits = ref_figures(args[i + 1])
+        del args[i:i + 2]
+    bench = json.load(open(args[0]))
+    refs = [ref_figures(p) for p in args[1:]]
     ok = True
     print("bar 1: ours / raw (median of paired samples), every copy row")
     worst = {}
@@ -82,8 +91,84 @@ def main():
         ok &= good
         print(f"  {'ok  ' if good else 'MISS'} {test:>18} {d} {row['bytes']:>9} B: ours "
               f"{row['us']:.3f} us, raw {row['raw_us']:.3f} us, {what}")
+    host = bench.get("host", [])
+    if host:
+        ok &= host_bars(host, limits)
+    ok &= pool_bar(bench)
     print("all bars met" if ok else "SOME BARS MISSED")
     return 0 if ok else 1
+
+
+def host_bars(host, limits):
+    ok = True
+
+    def rows(test, config=None):
+        return [r for r in host if r["test"] == test and (config is None or r["config"] == config)]
+
+    print("bar 4a (issue 10): pinned pool, cached alloc + free on one thread: median <= 0.5 us, p99 <= 2 us")
+    for r in rows("pool"):
+        need = 0.5 if "median" in r["config"] else 2.0
+        good = r["ours"] <= need
+        ok &= good
+        print(f"  {'ok  ' if good else 'MISS'} {r['bytes']:>9} B {r['config']}: {r['ours']:.3f} us "
+              f"(cudaHostAlloc + cudaFreeHost {r['reference']:.1f} us)")
+    for r in rows("pool_threads"):
+        print(f"       {r['config']}: {r['ours']:.3f} us per pair per thread (reported)")
+    print("bar 4b: cold pinning, the default strategy (16 threads, huge pages, one write per page):")
+    print("        >= 6x faster than cudaHostAlloc; copies from it >= 99% of cudaHostAlloc memory")
+    for r in rows("cold_pin", "threads=16 huge=true populate=touch"):
+        good = r["ratio"] >= 6.0
+        ok &= good
+        print(f"  {'ok  ' if good else 'MISS'} {r['bytes']:>11} B: {r['ours']:.1f} ms vs cudaHostAlloc "
+              f"{r['reference']:.1f} ms, {r['ratio']:.2f}x")
+    for r in rows("cold_pin_copy"):
+        good = r["ratio"] >= 0.99
+        ok &= good
+        print(f"  {'ok  ' if good else 'MISS'} {r['bytes']:>11} B {r['config']}: {r['ours']:.2f} GB/s "
+              f"vs {r['reference']:.2f} GB/s, {r['ratio']:.4f}")
+    ours_mc = max((r["ours"] for r in rows("memcpy") if r["config"].endswith(" std")
+                   and not r["config"].startswith("threads=1 ")), default=0.0)
+    ours_nt = max((r["ours"] for r in rows("memcpy") if r["config"].endswith(" nt")), default=0.0)
+    ref_mc = limits.get("host_memcpy_16t_gbps", 0.0)
+    ceiling = max(ours_mc, ref_mc)
+    ring = (limits.get("staged_h2d_chunk16M_depth3_8t_gbps", 0.0),
+            limits.get("staged_d2h_chunk16M_depth3_8t_gbps", 0.0))
+    print(f"bar 4c: staged copies from 64 MiB up >= 80% of the all-threads memcpy ceiling "
+          f"({ceiling:.1f} GB/s: ours {ours_mc:.1f}, limits.cu {ref_mc:.1f}; non-temporal memcpy "
+          f"{ours_nt:.1f}, reported), >= 3.5x (h2d) / 2x (d2h) the driver, >= 1.25x the naive ring "
+          f"(limits.cu {ring[0]:.1f} / {ring[1]:.1f} GB/s); never below the driver at any size")
+    worst = {}
+    for d, need_x, rg in (("h2d", 3.5, ring[0]), ("d2h", 2.0, ring[1])):
+        for r in rows(f"staged_{d}"):
+            big = r["bytes"] >= 64 << 20
+            checks = [r["ratio"] >= 0.97]
+            if big:
+                checks += [r["ours"] >= 0.8 * ceiling, r["ratio"] >= need_x, rg > 0 and r["ours"] >= 1.25 * rg]
+            good = all(checks)
+            worst[d] = min(worst.get(d, 9.0), r["ratio"])
+            ok &= good
+            if big or not good:
+                print(f"  {'ok  ' if good else 'MISS'} {d} {r['bytes']:>11} B: {r['ours']:.2f} GB/s, driver "
+                      f"{r['reference']:.2f} ({r['ratio']:.2f}x), {r['ours'] / ceiling:.2f} of the ceiling"
+                      + (f", {r['ours'] / rg:.2f}x the ring" if big and rg > 0 else ""))
+    for d, w in sorted(worst.items()):
+        print(f"       {d}: lowest ratio to the driver at any size {w:.3f} (bar 0.97: noise between two runs of one call)")
+    return ok
+
+
+def pool_bar(bench):
+    rows = [r for r in bench.get("alloc", []) if r.get("kind") == "pool"]
+    if not rows:
+        return True
+    print("bar 5 (issue 11): pooled device allocation + free, no synchronize: <= 1 us and <= 1.10x the raw pair")
+    ok = True
+    for r in rows:
+        over = r["us"] / r["raw_us"]
+        good = r["us"] <= 1.0 and over <= 1.10
+        ok &= good
+        print(f"  {'ok  ' if good else 'MISS'} {r['bytes']:>11} B: {r['us']:.3f} us vs raw {r['raw_us']:.3f} us, "
+              f"{over:.3f}x")
+    return ok
 
 
 if __name__ == "__main__":

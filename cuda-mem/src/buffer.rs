@@ -3,8 +3,9 @@
 /// For a buffer type `$ty<T>` with fields `ptr: NonNull<T>`, `len: usize`, `fence: Fence`, and
 /// methods `fn release(&mut self) -> Result<()>` (waits for the fence, then frees; returns before
 /// freeing when the wait fails), `fn device_addr_impl(&self) -> Result<*const T>` and
-/// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>` and
-/// `fn device_ordinal_impl(&self) -> Option<i32>`: the sealed copy and
+/// `fn check_stream_impl(&self, &Stream, &'static str) -> Result<()>`,
+/// `fn device_ordinal_impl(&self) -> Option<i32>` and
+/// `fn before_into_raw(&mut self) -> Result<()>` (refuses, or prepares, giving the memory up): the sealed copy and
 /// device-pointer trait impls (at location `$loc`), and the accessors, `synchronize`, the
 /// fallible `free` and a `Drop` that never panics.
 ///
@@ -112,7 +113,15 @@ macro_rules! impl_buffer {
             /// memory, `cudaFreeHost` for pinned memory, `cudaFreeAsync` or `cudaFree` for
             /// memory from a pool). Pending work recorded on the buffer is waited for first; if
             /// that wait fails, the memory is leaked (as by `free`) and the error returned.
-            pub fn into_raw(self) -> $crate::Result<(*mut T, usize)> {
+            ///
+            /// A pinned buffer from a [`PinnedPool`](crate::PinnedPool) leaves the pool (free
+            /// it with `cudaFreeHost`); pinned memory made by `mmap` + `cudaHostRegister`
+            /// ([`PinStrategy::MapRegister`](crate::PinStrategy), and pool blocks of 4 MiB or
+            /// more) cannot be freed by `cudaFreeHost` and is refused with
+            /// [`Misuse::InvalidArgument`](crate::Misuse::InvalidArgument): the buffer is then
+            /// released as by drop.
+            pub fn into_raw(mut self) -> $crate::Result<(*mut T, usize)> {
+                self.before_into_raw()?;
                 let mut me = std::mem::ManuallyDrop::new(self);
                 let waited = me.fence.host_wait($crate::fence::Access::Write);
                 // SAFETY: `me` is never used or dropped again; the memory passes to the caller

@@ -245,6 +245,10 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(())
     }
 
+    fn before_into_raw(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     fn release(&mut self) -> Result<()> {
         if let Some(pooled) = &self.pooled {
             let bytes = self.byte_len();

@@ -10,8 +10,10 @@
 //! | managed (unified) | [`ManagedBuffer`] | `cudaMallocManaged`, `cudaMemPrefetchAsync`, `cudaMemAdvise` |
 //! | registered host | [`RegisteredSlice`], [`RegisteredVec`] | `cudaHostRegister` / `cudaHostUnregister` |
 //! | stream-ordered (pooled) | [`MemPool`], [`DeviceBuffer::from_pool`], [`PinnedBuffer::from_pool`] | `cudaMemPoolCreate`, `cudaMallocFromPoolAsync` / `cudaFreeAsync` |
+//! | cached pinned host | [`PinnedPool`] (and [`PinStrategy`] for fast cold pinning) | `cudaHostAlloc` behind a cache, or `mmap` + `cudaHostRegister` |
 //!
-//! Copies between any two kinds go through [`copy`] (synchronous) and [`copy_async`]
+//! Copies between any two kinds go through [`copy`] (synchronous; large copies from or to
+//! ordinary host memory are staged by worker threads, see [`Stager`]) and [`copy_async`]
 //! (queued on a [`Stream`]); [`pointer_info`] classifies any address. Between the device
 //! buffers of two GPUs, [`copy_peer`] / [`copy_peer_async`] (`cudaMemcpyPeer[Async]`) and
 //! [`StagedCopy`] (through pinned host memory, pipelined) copy, and [`Device::enable_peer_access`]

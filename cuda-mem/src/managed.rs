@@ -554,6 +554,10 @@ impl<T: Pod> ManagedBuffer<T> {
         self.device
     }
 
+    fn before_into_raw(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     fn release(&mut self) -> Result<()> {
         self.fence.host_wait(Access::Write)?;
         // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller

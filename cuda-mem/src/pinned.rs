@@ -78,7 +78,8 @@ pub struct PinnedBuffer<T: Pod> {
 // accessed and freed from any thread. Sending it sends `T` values, hence `T: Send`.
 unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
 // SAFETY: `&PinnedBuffer` gives `&[T]` (after waiting on the mutex-protected fence) and
-// read-only copies, so sharing it shares `&T`, sound when `T: Sync`.
+// read-only copies, so sharing it shares `&T`, sound when `T: Sync`. Of the owner fields,
+// `&self` only reads `pooled` (handles) and `block` (address and size, for `Debug`).
 unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
 
 impl_buffer!(
@@ -415,6 +416,13 @@ impl<T: Pod> PinnedBuffer<T> {
 
     fn check_stream_impl(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
         Ok(())
+    }
+
+    fn before_into_raw(&mut self) -> Result<()> {
+        match &mut self.block {
+            Some(owner) => owner.detach(),
+            None => Ok(()),
+        }
     }
 
     fn release(&mut self) -> Result<()> {

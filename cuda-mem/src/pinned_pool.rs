@@ -47,6 +47,9 @@ const MIN_CLASS: usize = 4096;
 
 /// The size class of a request of `bytes`: the next of four steps per power of two.
 fn class_of(bytes: usize) -> Option<usize> {
+    if bytes > isize::MAX as usize / 2 {
+        return None; // no allocation is that large, and the counters stay in range
+    }
     if bytes <= MIN_CLASS {
         return Some(MIN_CLASS);
     }
@@ -510,7 +513,11 @@ impl PinnedPool {
         let max = self.shared.config.max_cached_bytes;
         let share = (max / self.shared.shards.len()) as i64;
         if own > share && self.cached_total() > max {
-            return self.evict_to(max).map(|_| ());
+            // A failure to free another block is not this buffer's: it is counted (and that
+            // block leaked), not returned.
+            if self.evict_to(max).is_err() {
+                self.lock(mine).c.leaked += 1;
+            }
         }
         Ok(())
     }
@@ -656,6 +663,28 @@ impl fmt::Debug for BlockOwner {
 }
 
 impl BlockOwner {
+    /// Gives the memory up for `cudaFreeHost` by its new owner (`into_raw`): a block made by
+    /// `cudaHostAlloc` leaves its pool's accounting; a mapped-and-registered block is refused
+    /// (`cudaFreeHost` cannot free it) and stays with the buffer.
+    pub(crate) fn detach(&mut self) -> Result<()> {
+        if self.block.is_mapped() {
+            return Err(Misuse::InvalidArgument {
+                op: "PinnedBuffer::into_raw",
+                reason:
+                    "the memory was made by mmap + cudaHostRegister (PinStrategy::MapRegister, \
+                         or a pool block of 4 MiB or more), which cudaFreeHost cannot free: keep \
+                         it in a PinnedBuffer"
+                        .into(),
+            }
+            .into());
+        }
+        if let Some((pool, class)) = self.pool.take() {
+            let p = pool.get();
+            p.lock(p.mine()).c.in_use -= class as i64;
+        }
+        Ok(())
+    }
+
     /// Releases the memory of a buffer with `flags` and `fence`: back to the pool without
     /// blocking, or waited for and freed. On error the memory is leaked.
     pub(crate) fn release(self, flags: HostAllocFlags, fence: &Fence) -> Result<()> {
@@ -685,6 +714,8 @@ mod tests {
         assert_eq!(class_of(256 << 20), Some(256 << 20));
         assert_eq!(class_of((256 << 20) + 1), Some(320 << 20));
         assert_eq!(class_of(usize::MAX), None);
+        assert_eq!(class_of(isize::MAX as usize), None);
+        assert_eq!(class_of(1 << 40), Some(1 << 40));
         for b in [
             1usize,
             4095,

@@ -31,6 +31,8 @@ pub enum PinStrategy {
     HostAlloc,
     /// `mmap` + populate with `threads` threads + `cudaHostRegister` (PORTABLE and MAPPED
     /// supported; write-combined refused). Freed with `cudaHostUnregister` + `munmap`.
+    /// Blocks under 2 MiB (one huge page, the mapping's granularity) are made by
+    /// `cudaHostAlloc` instead, so that a small block never pins a whole 2 MiB.
     MapRegister {
         /// Threads that fault the pages in (1 or more; the caller's thread is one of them).
         threads: usize,
@@ -65,6 +67,8 @@ impl PinStrategy {
     /// The concrete strategy for a block of `bytes` with `flags`.
     pub(crate) fn resolve(self, bytes: usize, flags: HostAllocFlags) -> PinStrategy {
         match self {
+            // Mapped blocks take whole 2 MiB pages: smaller ones would pin far more than asked.
+            PinStrategy::MapRegister { .. } if bytes < MAP_ALIGN => PinStrategy::HostAlloc,
             PinStrategy::Auto
                 if bytes >= AUTO_MAP_REGISTER_FROM
                     && !flags.contains(HostAllocFlags::WRITE_COMBINED)
@@ -359,11 +363,18 @@ fn map_aligned(len: usize) -> Result<*mut u8> {
     };
     if raw == libc::MAP_FAILED {
         let errno = std::io::Error::last_os_error();
-        return Err(Misuse::InvalidArgument {
-            op: "mmap",
-            reason: format!("mapping {} failed: {errno}", fmt_bytes(over)),
-        }
-        .into());
+        // Out of memory is reported as CUDA reports it (`cudaErrorMemoryAllocation`), so that
+        // `is_out_of_memory()` holds and a pool empties its cache and retries; the call says
+        // it was the mapping that failed.
+        let code = if errno.raw_os_error() == Some(libc::ENOMEM) {
+            sys::cudaError::cudaErrorMemoryAllocation
+        } else {
+            sys::cudaError::cudaErrorInvalidValue
+        };
+        return Err(crate::error::Error::Cuda {
+            code: crate::error::ErrorCode(code.0),
+            call: format!("mmap({}) for pinned memory: {errno}", fmt_bytes(over)),
+        });
     }
     let base = raw as usize;
     let start = base.next_multiple_of(MAP_ALIGN);
@@ -385,7 +396,13 @@ fn populate(p: *mut u8, shares: &[(usize, usize)]) {
     let base = p as usize;
     std::thread::scope(|s| {
         for &(off, len) in shares.iter().skip(1) {
-            s.spawn(move || populate_range((base + off) as *mut u8, len));
+            let at = (base + off) as *mut u8 as usize;
+            let spawned = std::thread::Builder::new()
+                .spawn_scoped(s, move || populate_range(at as *mut u8, len));
+            if spawned.is_err() {
+                // The OS refused a thread: fault this share in here instead.
+                populate_range(at as *mut u8, len);
+            }
         }
         if let Some(&(off, len)) = shares.first() {
             populate_range((base + off) as *mut u8, len);

@@ -17,8 +17,8 @@
 //! call's error; the other workers stop at their next chunk, and every staging buffer goes
 //! back to the pool once its stream is idle.
 //!
-//! Below [`StagingConfig::min_bytes`], for host slices that are in fact pinned (`as_slice()`
-//! of a pinned buffer), and for other kinds of memory, the driver's path is taken: for small
+//! Below [`StagingConfig::min_bytes`], for host slices that CUDA knows (`as_slice()` of a
+//! pinned or managed buffer), and for other kinds of memory, the driver's path is taken: for small
 //! copies its single call is cheaper than waking the workers, and pinned memory is copied by
 //! DMA directly.
 
@@ -85,9 +85,13 @@ impl StagingConfig {
     /// The chunk size for a copy of `bytes`: about `threads * chunks_per_thread` chunks, a
     /// multiple of 64 KiB, clamped to `min_chunk_bytes..=chunk_bytes`.
     pub fn chunk_for(&self, bytes: usize) -> usize {
-        let want = bytes / (self.threads * self.chunks_per_thread).max(1);
-        want.next_multiple_of(64 << 10)
-            .clamp(self.min_chunk_bytes, self.chunk_bytes)
+        let want = bytes / self.threads.saturating_mul(self.chunks_per_thread).max(1);
+        // (`max` then `min` rather than `clamp`: no panic for a config with min > max.)
+        want.checked_next_multiple_of(64 << 10)
+            .unwrap_or(usize::MAX)
+            .max(self.min_chunk_bytes)
+            .min(self.chunk_bytes)
+            .max(4096)
     }
 
     fn check(&self) -> Result<()> {
@@ -104,8 +108,8 @@ impl StagingConfig {
         if self.min_chunk_bytes < 4096 || self.chunk_bytes < self.min_chunk_bytes {
             return bad("chunk sizes must be at least 4096, min_chunk_bytes <= chunk_bytes");
         }
-        if self.chunks_per_thread == 0 {
-            return bad("chunks_per_thread must be at least 1");
+        if self.chunks_per_thread == 0 || self.chunks_per_thread > 1024 {
+            return bad("chunks_per_thread must be between 1 and 1024");
         }
         if self.depth == 0 || self.depth > 16 {
             return bad("depth must be between 1 and 16");
@@ -178,9 +182,13 @@ impl Drop for PartDone<'_> {
     }
 }
 
+/// A job and the part of it a worker takes.
+type Part = (Arc<Job>, usize);
+
 /// A worker's queue.
 struct Slot {
-    jobs: Mutex<(VecDeque<Arc<Job>>, bool)>,
+    /// Parts to run, and the stop flag.
+    jobs: Mutex<(VecDeque<Part>, bool)>,
     ready: Condvar,
 }
 
@@ -188,6 +196,8 @@ struct Shared {
     slots: Vec<Slot>,
     config: StagingConfig,
     pool: PinnedPool,
+    /// The worker the next job starts at, so that small concurrent copies spread out.
+    next: std::sync::atomic::AtomicUsize,
 }
 
 /// Staging workers kept alive between copies; see the module docs. Dropping it stops and
@@ -221,6 +231,7 @@ impl Stager {
                 .collect(),
             config,
             pool,
+            next: std::sync::atomic::AtomicUsize::new(0),
         });
         let mut stager = Stager {
             shared: shared.clone(),
@@ -302,7 +313,7 @@ impl Stager {
             Dir::ToDevice => src.raw_ptr(),
             Dir::ToHost => dst.raw_mut_ptr().cast_const(),
         };
-        if is_pinned(host) {
+        if !is_pageable(host) {
             return copy::copy_range_driver(dst, dst_offset, src, src_offset, count);
         }
         self.copy_bytes(dst, dst_offset, src, src_offset, bytes, dir)
@@ -323,20 +334,17 @@ impl Stager {
         S: sealed::Raw<T> + ?Sized,
     {
         dst.check_device_writable("copy_staged")?;
-        // Pending GPU work on the device side first, as for host access.
+        // Pending GPU work on either side first, as for host access: the device side, and a
+        // host side with a fence (memory borrowed by a `scope`, which async work may use).
+        if let Some(f) = src.fence() {
+            f.host_wait(Access::Read)?;
+        }
+        if let Some(f) = dst.fence() {
+            f.host_wait(Access::Write)?;
+        }
         let device = match dir {
-            Dir::ToDevice => {
-                if let Some(f) = dst.fence() {
-                    f.host_wait(Access::Write)?;
-                }
-                dst.device_ordinal()
-            }
-            Dir::ToHost => {
-                if let Some(f) = src.fence() {
-                    f.host_wait(Access::Read)?;
-                }
-                src.device_ordinal()
-            }
+            Dir::ToDevice => dst.device_ordinal(),
+            Dir::ToHost => src.device_ordinal(),
         };
         // In bounds (checked by the caller): `wrapping_add` only avoids `unsafe`.
         let d = dst.raw_mut_ptr().wrapping_add(dst_offset) as usize;
@@ -365,9 +373,12 @@ impl Stager {
             left: Mutex::new(parts),
             done: Condvar::new(),
         });
-        for slot in &self.shared.slots[..parts] {
+        let n = self.shared.slots.len();
+        let start = self.shared.next.fetch_add(parts, Ordering::Relaxed);
+        for part in 0..parts {
+            let slot = &self.shared.slots[(start + part) % n];
             let mut q = slot.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            q.0.push_back(job.clone());
+            q.0.push_back((job.clone(), part));
             slot.ready.notify_one();
         }
         // Every worker's part ends (`PartDone`) only after its copies have completed and it no
@@ -422,11 +433,13 @@ where
     }
 }
 
-/// Whether host memory at `p` is page-locked (`cudaPointerGetAttributes`: well under a
-/// microsecond, against the millisecond or more of a copy large enough to stage). A slice
-/// lies in one allocation, so its first element tells for all of it.
-fn is_pinned<T>(p: *const T) -> bool {
-    crate::pointer::pointer_info(p).is_ok_and(|i| i.kind == crate::PointerKind::PinnedHost)
+/// Whether host memory at `p` is ordinary pageable memory CUDA does not know
+/// (`cudaPointerGetAttributes`: well under a microsecond, against the millisecond or more of
+/// a copy large enough to stage). Pinned memory is better copied by DMA directly, and the
+/// workers must not touch managed memory the GPU may be using. A slice lies in one
+/// allocation, so its first element tells for all of it.
+fn is_pageable<T>(p: *const T) -> bool {
+    crate::pointer::pointer_info(p).is_ok_and(|i| i.kind == crate::PointerKind::UnregisteredHost)
 }
 
 /// Whether [`copy`](crate::copy) stages large pageable copies (see [`set_auto_staging`]).
@@ -533,7 +546,7 @@ impl Drop for Lane {
 fn worker(sh: &Shared, w: usize) {
     let mut lanes: HashMap<i32, Lane> = HashMap::new();
     loop {
-        let job = {
+        let (job, part) = {
             let slot = &sh.slots[w];
             let mut q = slot.jobs.lock().unwrap_or_else(|p| p.into_inner());
             loop {
@@ -547,13 +560,16 @@ fn worker(sh: &Shared, w: usize) {
             }
         };
         let _done = PartDone(&job);
-        if let Err(e) = run_part(sh, &job, w, &mut lanes) {
+        if let Err(e) = run_part(sh, &job, part, &mut lanes) {
             job.fail(e);
         }
     }
 }
 
 fn run_part(sh: &Shared, job: &Job, w: usize, lanes: &mut HashMap<i32, Lane>) -> Result<()> {
+    if job.abort.load(Ordering::Relaxed) {
+        return Ok(());
+    }
     // SAFETY: a plain runtime call; the worker thread's current device is its own business.
     check(unsafe { sys::cudaSetDevice(job.device) }, || {
         format!("cudaSetDevice({})", job.device)
@@ -578,8 +594,18 @@ fn run_part(sh: &Shared, job: &Job, w: usize, lanes: &mut HashMap<i32, Lane>) ->
     let synced = check(unsafe { sys::cudaStreamSynchronize(lane.stream) }, || {
         "cudaStreamSynchronize(staging stream)".into()
     });
-    if synced.is_err() {
-        // A copy may still use them: leak rather than reuse.
+    if let Err(e) = &synced {
+        // A copy may still use the staging buffers and the caller's device memory. After a
+        // sticky error the context is gone, and with it every copy: report it. Otherwise the
+        // caller's borrow must not end while a copy may run: abort (as `scope` does).
+        if !e.is_sticky() {
+            eprintln!(
+                "cuda_mem::Stager: cannot wait for a staged copy ({e}); aborting rather than \
+                 hand the caller's memory back while a copy may still use it"
+            );
+            std::process::abort();
+        }
+        // Leak the staging buffers rather than reuse them.
         bufs.into_iter().for_each(std::mem::forget);
     }
     result.and(synced)
@@ -804,6 +830,15 @@ mod tests {
             ..StagingConfig::default()
         };
         assert_eq!(c.chunk_for(1 << 20), 256 << 10);
+        // Any config, even one `check` refuses, gives a chunk without panicking.
+        let odd = StagingConfig {
+            threads: usize::MAX,
+            chunks_per_thread: usize::MAX,
+            min_chunk_bytes: 8 << 20,
+            chunk_bytes: 4096,
+            ..c
+        };
+        assert_eq!(odd.chunk_for(usize::MAX), 4096);
         assert_eq!(c.chunk_for(256 << 20), 2 << 20);
         assert_eq!(c.chunk_for(1 << 30), 4 << 20);
         assert_eq!(c.chunk_for((64 << 20) + 1), 512 << 10);

@@ -126,10 +126,17 @@ fn pinned_pool_keeps_to_its_bound_and_trims() {
     // Bad input is an error, not a panic.
     let e = pool.alloc::<u8>(0, F::DEFAULT).unwrap_err();
     assert!(matches!(e.misuse(), Some(Misuse::ZeroLength { .. })), "{e}");
-    let e = pool
-        .alloc::<u8>(16, F::from_bits(1).unwrap() | F::MAPPED)
-        .map(|b| b.flags());
-    assert_eq!(e.unwrap(), F::PORTABLE | F::MAPPED);
+    let e = pool.alloc::<u64>(usize::MAX / 4, F::DEFAULT).unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::SizeOverflow { .. })),
+        "{e}"
+    );
+    let e = pool.alloc::<u8>(usize::MAX / 2, F::DEFAULT).unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::SizeOverflow { .. })),
+        "{e}"
+    );
+    assert_eq!(pool.stats().in_use_bytes, 0);
 }
 
 #[test]
@@ -220,6 +227,10 @@ fn staged_copies_are_bit_exact_at_odd_lengths_and_offsets() {
         assert!(back[..7].iter().all(|&b| b == 0));
         assert!(back[7..] == src[..], "{len}: back to the host");
     }
+    assert!(
+        pool.stats().hits + pool.stats().misses > 0,
+        "the copies did not go through the staging buffers"
+    );
     // Typed, through a view, whole-buffer form.
     let n = 777_777;
     let data = pattern(n, 9);
@@ -336,4 +347,57 @@ fn copy_stages_large_pageable_copies_through_the_global_pool() {
     let mut dev2 = DeviceBuffer::<u32>::zeroed(n).unwrap();
     copy_staged(&mut dev2, &data).unwrap();
     assert!(dev2.to_vec().unwrap() == data);
+}
+
+#[test]
+fn concurrent_staged_copies_from_several_threads_stay_apart() {
+    let _dev = gpu_or_skip!();
+    let pool = PinnedPool::new(PinnedPoolConfig::default());
+    let st = small_stager(&pool);
+    std::thread::scope(|sc| {
+        for t in 0..4u32 {
+            let st = &st;
+            sc.spawn(move || {
+                let n = 300_001 + t as usize * 7;
+                let data = pattern(n, 1000 + t);
+                let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
+                for _ in 0..5 {
+                    st.copy(&mut dev, &data).unwrap();
+                    let mut out = vec![0u32; n];
+                    st.copy(&mut out, &dev).unwrap();
+                    assert!(out == data, "thread {t}");
+                }
+            });
+        }
+    });
+    assert_eq!(pool.stats().in_use_bytes, 0);
+}
+
+#[test]
+fn into_raw_hands_over_pool_memory_and_refuses_mapped_memory() {
+    let _dev = gpu_or_skip!();
+    let pool = PinnedPool::new(PinnedPoolConfig::default());
+    let b = pool.from_slice(&pattern(1000, 5), F::DEFAULT).unwrap();
+    let (p, len) = b.into_raw().unwrap();
+    assert_eq!(len, 1000);
+    assert_eq!(pool.stats().in_use_bytes, 0, "the block left the pool");
+    // SAFETY: `p` is cudaHostAlloc memory of 1000 u32 now owned here, with no pending work.
+    let back = unsafe { PinnedBuffer::from_raw(p, len, F::DEFAULT) }.unwrap();
+    assert!(back.as_slice().unwrap() == pattern(1000, 5));
+    back.free().unwrap(); // cudaFreeHost
+    let m = PinnedBuffer::<u8>::with_strategy(
+        4 << 20,
+        F::DEFAULT,
+        PinStrategy::MapRegister {
+            threads: 2,
+            huge_pages: true,
+        },
+    )
+    .unwrap();
+    let e = m.into_raw().unwrap_err();
+    assert!(
+        matches!(e.misuse(), Some(Misuse::InvalidArgument { .. }))
+            && e.to_string().contains("cudaFreeHost"),
+        "{e}"
+    );
 }
