@@ -2,10 +2,13 @@
 # One GPU session over the bundles made by scripts/bundle.sh (copied to bundle/), run from the
 # repository root on a machine with the NVIDIA driver. Logs go to $OUT (default /tmp/cuda-mem-out).
 #
-#   scripts/gpu-session.sh tests   # every bundle's runner (bundle/cuda-*/run.sh), `cuda-mem info`
+#   scripts/gpu-session.sh tests   # every bundle's runner (bundle/cuda-*/run.sh), `cuda-mem info`;
+#                                  # with MEMCHECK=1 then the 13.0 suite under memcheck
 #   scripts/gpu-session.sh bench   # full `cuda-mem bench` of the first bundle (13.0 preferred) +
-#                                  # the C++ reference before and after it, the bars checked,
-#                                  # then that bundle's suite under compute-sanitizer memcheck
+#                                  # the C++ references in the same call (membench.cu before and
+#                                  # after it, limits.cu; peer.cu and nccl_peer.py on two GPUs),
+#                                  # the bars checked, then (unless MEMCHECK=0) that bundle's
+#                                  # suite under compute-sanitizer memcheck
 #   scripts/gpu-session.sh multi   # two GPUs: the multi_gpu tests (NCCL in one process and in
 #                                  # two), peer.cu and nccl_peer.py (bundle/refbench/), and
 #                                  # `cuda-mem bench --quick` with its two-GPU section, in one
@@ -41,18 +44,32 @@ tests)
   done
   "$main/bin/cuda-mem" info | tee "$out/info.txt"
   "$main/bin/cuda-mem" info --json > "$out/info.json"
+  if [ "${MEMCHECK:-0}" = 1 ]; then
+    echo "== memcheck"
+    timeout "${MEMCHECK_SECS:-300}" "$main/run.sh" --memcheck 2>&1 | tee "$out/memcheck.txt" | tail -n 30
+  fi
   ;;
 bench)
   nvcc -O2 -arch=sm_90 -o /tmp/membench bundle/refbench/membench.cu || exit 1
+  nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/limits bundle/refbench/limits.cu -lpthread || exit 1
   echo "== C++ reference (before)"; /tmp/membench 256 | tee "$out/membench-before.txt"
+  echo "== C++ limits (host memcpy, naive staged ring, cold pinning, pools)"
+  timeout 200 /tmp/limits 256 | tee "$out/limits.txt"
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    echo "== two GPUs: peer.cu and nccl_peer.py"
+    nvcc -O2 -arch=sm_90 -o /tmp/peer bundle/refbench/peer.cu && /tmp/peer 256 | tee "$out/peer.txt"
+    timeout 300 python3 bundle/refbench/nccl_peer.py 256 2>&1 | tail -n 5 | tee "$out/nccl_peer.txt"
+  fi
   echo "== cuda-mem bench"
   "$main/bin/cuda-mem" bench --json "$out/bench.json" --svg "$out/bench.svg" \
     2>"$out/logs/bench-progress.txt" | tee "$out/bench.txt"
   echo "== C++ reference (after)"; /tmp/membench 256 | tee "$out/membench-after.txt"
-  python3 scripts/compare-refbench.py "$out/bench.json" "$out/membench-before.txt" \
-    "$out/membench-after.txt" | tee "$out/compare.txt"
-  echo "== memcheck"
-  timeout 300 "$main/run.sh" --memcheck 2>&1 | tee "$out/memcheck.txt" | tail -n 30
+  python3 scripts/compare-refbench.py "$out/bench.json" --limits "$out/limits.txt" \
+    "$out/membench-before.txt" "$out/membench-after.txt" | tee "$out/compare.txt"
+  if [ "${MEMCHECK:-1}" != 0 ]; then
+    echo "== memcheck"
+    timeout "${MEMCHECK_SECS:-300}" "$main/run.sh" --memcheck 2>&1 | tee "$out/memcheck.txt" | tail -n 30
+  fi
   ;;
 multi)
   b=bundle/cuda-13.0; ref=bundle/refbench

@@ -309,7 +309,8 @@ impl PinnedPool {
     }
 
     /// The process-wide pool with the default configuration, made on first use (staged
-    /// copies take their chunks from it).
+    /// copies take their chunks from it). Its free blocks are given back to the driver when
+    /// the process exits.
     pub fn global() -> &'static PinnedPool {
         GLOBAL.get_or_init(PinnedPool::default)
     }
@@ -458,9 +459,14 @@ impl PinnedPool {
         };
         match made {
             Ok((block, t)) => {
-                let mut st = self.lock(mine);
-                st.c.driver_allocs += 1;
-                st.c.driver_time += t;
+                {
+                    let mut st = self.lock(mine);
+                    st.c.driver_allocs += 1;
+                    st.c.driver_time += t;
+                }
+                if matches!(self.as_ref_for_buffer(), PoolRef::Global) {
+                    empty_global_at_exit();
+                }
                 Ok(block)
             }
             Err(e) => {
@@ -615,6 +621,27 @@ impl PinnedPool {
             leaked_blocks: sum.leaked,
         }
     }
+}
+
+/// Registers, once, an exit handler that gives the process-wide pool's free blocks back to the
+/// driver, so that tools like compute-sanitizer see no pinned memory left at exit. Registered
+/// after the first block was made, hence after the CUDA runtime registered its own teardown:
+/// exit handlers run in reverse order, so this one runs while the runtime is still there.
+fn empty_global_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn at_exit() {
+        // Never unwind out of an exit handler; errors at exit are ignored.
+        let _ = std::panic::catch_unwind(|| {
+            if let Some(pool) = GLOBAL.get() {
+                let _ = pool.empty();
+            }
+        });
+    }
+    ONCE.call_once(|| {
+        // SAFETY: `at_exit` is a plain `extern "C" fn()` that lives for the whole program
+        // and catches any panic; registration failure only means no cleanup at exit.
+        unsafe { libc::atexit(at_exit) };
+    });
 }
 
 /// Whether an event has completed; a failed query counts as not yet (the block stays

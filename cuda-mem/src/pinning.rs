@@ -68,7 +68,12 @@ impl PinStrategy {
     pub(crate) fn resolve(self, bytes: usize, flags: HostAllocFlags) -> PinStrategy {
         match self {
             // Mapped blocks take whole 2 MiB pages: smaller ones would pin far more than asked.
-            PinStrategy::MapRegister { .. } if bytes < MAP_ALIGN => PinStrategy::HostAlloc,
+            // (Write-combined requests stay, to be refused as for any size.)
+            PinStrategy::MapRegister { .. }
+                if bytes < MAP_ALIGN && !flags.contains(HostAllocFlags::WRITE_COMBINED) =>
+            {
+                PinStrategy::HostAlloc
+            }
             PinStrategy::Auto
                 if bytes >= AUTO_MAP_REGISTER_FROM
                     && !flags.contains(HostAllocFlags::WRITE_COMBINED)

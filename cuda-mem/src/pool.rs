@@ -454,7 +454,9 @@ impl MemPool {
     /// Lets `device` access the pool's memory (`cudaMemPoolSetAccess`): peer devices need it
     /// (with peer access possible between the two), and for a host pool every device that
     /// touches it. The pool's own device always has read-write access to a device pool and
-    /// cannot lose it.
+    /// cannot lose it. Read-only access ([`PoolAccess::READ`]) to a device pool is refused by
+    /// the driver with `cudaErrorNotSupported` (seen with driver 580 on H200s): grant
+    /// [`PoolAccess::READ_WRITE`].
     pub fn set_access(&self, device: Device, access: PoolAccess) -> Result<()> {
         let desc = sys::cudaMemAccessDesc {
             location: sys::cudaMemLocation::new(

@@ -178,7 +178,7 @@ fn map_register_pins_memory_that_copies_and_maps() {
         let _ = dev;
     }
     let wc = PinnedBuffer::<u8>::with_strategy(
-        1 << 20,
+        4 << 20,
         F::WRITE_COMBINED,
         PinStrategy::MapRegister {
             threads: 2,

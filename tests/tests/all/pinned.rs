@@ -30,11 +30,18 @@ fn every_flag_set_copies_both_ways_and_reads_back_its_flags() {
         let src = PinnedBuffer::from_slice(&data, flags).unwrap();
         assert_eq!(src.flags(), flags);
         let got = src.runtime_flags().unwrap();
+        // PORTABLE may be left out of the report (see `runtime_flags`): all pinned memory is
+        // portable under unified addressing. On a two-H200 machine it was, after other tests
+        // had run in the process; the other flags are always reported as asked.
+        let portable = HostAllocFlags::PORTABLE.bits();
         assert_eq!(
-            got & flags.bits(),
-            flags.bits(),
+            got & flags.bits() & !portable,
+            flags.bits() & !portable,
             "{flags}: cudaHostGetFlags gave {got:#x}"
         );
+        if flags.contains(HostAllocFlags::PORTABLE) && got & portable == 0 {
+            eprintln!("NOTE {flags}: cudaHostGetFlags gave {got:#x}, without PORTABLE");
+        }
         assert_eq!(
             src.is_write_combined(),
             flags.contains(HostAllocFlags::WRITE_COMBINED)
