@@ -62,20 +62,21 @@ pub struct StagingConfig {
 
 impl Default for StagingConfig {
     /// The values chosen from the H200 measurements (see the README's section on staged
-    /// copies): as many workers as the host has cores, up to 16 (the H200 host has 16; with 8
-    /// both directions lose a quarter); about four chunks per worker, between 256 KiB and
-    /// 4 MiB (at 64 MiB, 1 MiB chunks beat 256 KiB and 4 MiB ones; past 256 MiB the size
-    /// matters little); two staging buffers per worker; staged from 1 MiB up (below it the
-    /// driver's single call is as fast or faster); non-temporal stores on.
+    /// copies): as many workers as the host has cores (the H200 host has 16; more threads
+    /// were faster at every size, with 8 both directions lose a quarter); about four chunks
+    /// per worker, between 256 KiB and 4 MiB (at 64 MiB, 1 MiB chunks beat 256 KiB and 4 MiB
+    /// ones; past 256 MiB the size matters little); two staging buffers per worker; staged
+    /// from 2 MiB up (at 1 MiB the gain was within the run-to-run spread, at 512 KiB and
+    /// below the driver's single call is faster); non-temporal stores on.
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {
-            threads: cores.clamp(1, 16),
+            threads: cores.clamp(1, 64),
             chunk_bytes: 4 << 20,
             min_chunk_bytes: 256 << 10,
             chunks_per_thread: 4,
             depth: 2,
-            min_bytes: 1 << 20,
+            min_bytes: 2 << 20,
             nt_stores: true,
         }
     }
@@ -473,9 +474,11 @@ pub(crate) fn auto_stager(
     if env_off || !AUTO.load(Ordering::Relaxed) {
         return None;
     }
-    // The threshold of the default configuration, known without starting the workers.
+    // The threshold of the default configuration, known without starting the workers (and
+    // without asking the OS for the core count on every copy).
+    static MIN: OnceLock<usize> = OnceLock::new();
     let bytes = count.checked_mul(elem)?;
-    if bytes < StagingConfig::default().min_bytes {
+    if bytes < *MIN.get_or_init(|| StagingConfig::default().min_bytes) {
         return None;
     }
     Stager::global()
