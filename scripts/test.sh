@@ -53,7 +53,7 @@ if cargo +nightly miri --version >/dev/null 2>&1; then
   # planning, the fence bookkeeping over a counting backend. (Miri cannot call into cudart.)
   cargo +nightly miri test -p cuda-mem --lib -- \
     size:: error::tests copy::tests managed::tests pinned::tests kernel::tests fence:: \
-    pinned_pool::tests staged::tests::host_copy staged::tests::chunks pinning::tests::shares \
+    pinned_pool::tests staged::tests::chunks_scale pinning::tests::shares \
     pinning::tests::auto
   # A pooled buffer's whole bookkeeping (handles, fence, free ordering) on stand-in handles.
   cargo +nightly miri test -p cuda-mem --features testing --lib -- testing::
