@@ -247,17 +247,6 @@ where
     copy_range_driver(dst, dst_offset, src, src_offset, count)
 }
 
-/// [`copy`] by the driver's path alone (`cudaMemcpy`), never staged.
-pub(crate) fn copy_driver<T, D, S>(dst: &mut D, src: &S) -> Result<()>
-where
-    T: Pod,
-    D: MemoryMut<T> + ?Sized,
-    S: Memory<T> + ?Sized,
-{
-    size::same_len(dst.raw_len(), src.raw_len())?;
-    copy_range_driver(dst, 0, src, 0, src.raw_len())
-}
-
 /// [`copy_range`] by the driver's path alone (`cudaMemcpy`), never staged.
 pub(crate) fn copy_range_driver<T, D, S>(
     dst: &mut D,

@@ -20,7 +20,7 @@ use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
 use crate::pinned_pool::{BlockOwner, PoolRef};
-use crate::pinning::{Block, PinStrategy};
+use crate::pinning::{self, Block, PinStrategy};
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
@@ -39,6 +39,20 @@ flag_set! {
         /// on some systems, but **very slow for the CPU to read** (uncached): write it, never
         /// read it.
         WRITE_COMBINED = sys::cudaHostAllocWriteCombined;
+    }
+}
+
+impl HostAllocFlags {
+    /// Refuses bits `cudaHostAlloc` does not know: [`Misuse::InvalidFlags`] naming `op`.
+    pub(crate) fn check(self, op: &'static str) -> Result<()> {
+        match HostAllocFlags::from_bits(self.bits()) {
+            Some(_) => Ok(()),
+            None => Err(Misuse::InvalidFlags {
+                op,
+                flags: self.bits(),
+            }
+            .into()),
+        }
     }
 }
 
@@ -153,20 +167,9 @@ impl<T: Pod> PinnedBuffer<T> {
         op: &'static str,
     ) -> Result<Self> {
         let bytes = size::alloc_bytes::<T>(len, op)?;
-        if HostAllocFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op: "cudaHostAlloc",
-                flags: flags.bits(),
-            }
-            .into());
-        }
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `bytes` is non-zero; flags are known bits.
-        let code = unsafe { sys::cudaHostAlloc(&mut raw, bytes, flags.bits()) };
-        check(code, || {
-            format!("cudaHostAlloc({}, {flags})", fmt_bytes(bytes))
-        })?;
-        Self::adopt(raw, len, flags, "cudaHostAlloc")
+        flags.check("cudaHostAlloc")?;
+        let p = pinning::cuda_host_alloc(bytes, flags)?;
+        Self::adopt(p.as_ptr().cast(), len, flags, "cudaHostAlloc")
     }
 
     /// Allocates `len` zeroed elements with `cudaMallocHost` (the same as
@@ -194,13 +197,7 @@ impl<T: Pod> PinnedBuffer<T> {
     /// elsewhere, not be owned by anything else, and have no GPU work pending on it.
     pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
         let p = size::raw_parts(ptr, len, "PinnedBuffer::from_raw")?;
-        if HostAllocFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op: "PinnedBuffer::from_raw",
-                flags: flags.bits(),
-            }
-            .into());
-        }
+        flags.check("PinnedBuffer::from_raw")?;
         Self::adopt(p.as_ptr().cast(), len, flags, "PinnedBuffer::from_raw")
     }
 
@@ -293,13 +290,7 @@ impl<T: Pod> PinnedBuffer<T> {
     pub fn with_strategy(len: usize, flags: HostAllocFlags, strategy: PinStrategy) -> Result<Self> {
         const OP: &str = "PinnedBuffer::with_strategy";
         let bytes = size::alloc_bytes::<T>(len, OP)?;
-        if HostAllocFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op: OP,
-                flags: flags.bits(),
-            }
-            .into());
-        }
+        flags.check(OP)?;
         let (block, _) = Block::alloc(bytes, flags, strategy)?;
         // SAFETY: a new block of `bytes` zeroed (initialised) bytes, owned by the buffer.
         unsafe { Self::from_block(block, len, flags, None) }

@@ -145,6 +145,20 @@ struct Counters {
     leaked: u64,
 }
 
+impl Counters {
+    fn add(&mut self, c: &Counters) {
+        self.hits += c.hits;
+        self.misses += c.misses;
+        self.cached += c.cached;
+        self.in_use += c.in_use;
+        self.driver_allocs += c.driver_allocs;
+        self.driver_frees += c.driver_frees;
+        self.driver_time += c.driver_time;
+        self.oom_retries += c.oom_retries;
+        self.leaked += c.leaked;
+    }
+}
+
 /// One shard's bookkeeping, generic over the event type so that it is testable without a
 /// GPU.
 struct State<E> {
@@ -370,13 +384,7 @@ impl PinnedPool {
     pub fn alloc<T: Pod>(&self, len: usize, flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
         const OP: &str = "PinnedPool::alloc";
         let bytes = size::alloc_bytes::<T>(len, OP)?;
-        if HostAllocFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op: OP,
-                flags: flags.bits(),
-            }
-            .into());
-        }
+        flags.check(OP)?;
         let key = Key {
             class: class_of(bytes).ok_or(Misuse::SizeOverflow {
                 len,
@@ -597,16 +605,7 @@ impl PinnedPool {
                 st.poll(event_done);
             }
             pending += st.pending.len();
-            let c = st.c;
-            sum.hits += c.hits;
-            sum.misses += c.misses;
-            sum.cached += c.cached;
-            sum.in_use += c.in_use;
-            sum.driver_allocs += c.driver_allocs;
-            sum.driver_frees += c.driver_frees;
-            sum.driver_time += c.driver_time;
-            sum.oom_retries += c.oom_retries;
-            sum.leaked += c.leaked;
+            sum.add(&st.c);
         }
         PinnedPoolStats {
             hits: sum.hits,

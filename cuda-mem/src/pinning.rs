@@ -189,7 +189,8 @@ impl Block {
     }
 }
 
-fn host_alloc(bytes: usize, flags: HostAllocFlags) -> Result<Block> {
+/// `cudaHostAlloc(bytes, flags)`; `bytes` non-zero, flags known bits (callers check both).
+pub(crate) fn cuda_host_alloc(bytes: usize, flags: HostAllocFlags) -> Result<NonNull<u8>> {
     let mut raw = std::ptr::null_mut();
     // SAFETY: valid out-pointer; `bytes` is non-zero; flags are known bits (checked by the
     // callers through `HostAllocFlags`).
@@ -197,9 +198,16 @@ fn host_alloc(bytes: usize, flags: HostAllocFlags) -> Result<Block> {
     check(code, || {
         format!("cudaHostAlloc({}, {flags})", fmt_bytes(bytes))
     })?;
-    let ptr = NonNull::new(raw.cast::<u8>()).ok_or(Misuse::NullPointer {
-        op: "cudaHostAlloc",
-    })?;
+    NonNull::new(raw.cast::<u8>()).ok_or_else(|| {
+        Misuse::NullPointer {
+            op: "cudaHostAlloc",
+        }
+        .into()
+    })
+}
+
+fn host_alloc(bytes: usize, flags: HostAllocFlags) -> Result<Block> {
+    let ptr = cuda_host_alloc(bytes, flags)?;
     // The runtime does not promise zeroed memory: make every byte initialised.
     // SAFETY: the allocation holds `bytes` writable bytes that nothing else uses yet.
     unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, bytes) };

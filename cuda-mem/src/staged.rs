@@ -126,6 +126,17 @@ enum Dir {
     ToHost,
 }
 
+impl Dir {
+    /// The direction of a copy from `src` to `dst`, where it is one a stager makes.
+    fn of(src: Loc, dst: Loc) -> Option<Dir> {
+        match (src, dst) {
+            (Loc::Pageable, Loc::Device) => Some(Dir::ToDevice),
+            (Loc::Device, Loc::Pageable) => Some(Dir::ToHost),
+            _ => None,
+        }
+    }
+}
+
 /// One staged copy, shared by the workers that take part.
 struct Job {
     dir: Dir,
@@ -135,8 +146,6 @@ struct Job {
     host: usize,
     bytes: usize,
     chunk: usize,
-    depth: usize,
-    nt: bool,
     /// Workers taking part: worker `w` copies chunks `w`, `w + parts`, ...
     parts: usize,
     /// A forced failure at this chunk (the `testing` feature).
@@ -152,10 +161,34 @@ impl Job {
         self.bytes.div_ceil(self.chunk)
     }
 
+    /// How many chunks part `w` (< `parts`) copies.
+    fn part_len(&self, w: usize) -> usize {
+        (self.chunks() - w).div_ceil(self.parts)
+    }
+
+    /// The chunk that is the `i`-th of part `w`.
+    fn part_chunk(&self, w: usize, i: usize) -> usize {
+        w + i * self.parts
+    }
+
     /// Byte offset and length of chunk `c`.
     fn span(&self, c: usize) -> (usize, usize) {
         let off = c * self.chunk;
         (off, self.chunk.min(self.bytes - off))
+    }
+
+    /// The result of chunk `c`'s `cudaMemcpyAsync` (of kind `kind`), with the forced failure
+    /// of the `testing` feature.
+    fn check_chunk(&self, c: usize, code: sys::cudaError_t, kind: &str) -> Result<()> {
+        if self.fail_at == Some(c) {
+            return Err(Error::Cuda {
+                code: crate::ErrorCode(sys::cudaError::cudaErrorLaunchFailure.0),
+                call: format!("cudaMemcpyAsync({kind}) (chunk {c}, forced by cuda_mem::testing)"),
+            });
+        }
+        check(code, || {
+            format!("cudaMemcpyAsync({kind}) (chunk {c} of a staged copy)")
+        })
     }
 
     fn fail(&self, e: Error) {
@@ -183,13 +216,13 @@ impl Drop for PartDone<'_> {
     }
 }
 
-/// A job and the part of it a worker takes.
-type Part = (Arc<Job>, usize);
+/// A job and the index of the part of it a worker takes.
+type Queued = (Arc<Job>, usize);
 
 /// A worker's queue.
 struct Slot {
     /// Parts to run, and the stop flag.
-    jobs: Mutex<(VecDeque<Part>, bool)>,
+    jobs: Mutex<(VecDeque<Queued>, bool)>,
     ready: Condvar,
 }
 
@@ -300,10 +333,8 @@ impl Stager {
         size::range(dst_offset, count, dst.raw_len())?;
         size::range(src_offset, count, src.raw_len())?;
         let bytes = size::byte_len::<T>(count)?;
-        let dir = match (src.loc(), dst.loc()) {
-            (Loc::Pageable, Loc::Device) => Dir::ToDevice,
-            (Loc::Device, Loc::Pageable) => Dir::ToHost,
-            _ => return copy::copy_range_driver(dst, dst_offset, src, src_offset, count),
+        let Some(dir) = Dir::of(src.loc(), dst.loc()) else {
+            return copy::copy_range_driver(dst, dst_offset, src, src_offset, count);
         };
         if bytes < self.shared.config.min_bytes {
             return copy::copy_range_driver(dst, dst_offset, src, src_offset, count);
@@ -365,8 +396,6 @@ impl Stager {
             host,
             bytes,
             chunk,
-            depth: c.depth,
-            nt: c.nt_stores,
             parts,
             fail_at: forced_failure(),
             abort: AtomicBool::new(false),
@@ -430,7 +459,7 @@ where
 {
     match Stager::global() {
         Some(s) => s.copy(dst, src),
-        None => copy::copy_driver(dst, src),
+        None => crate::copy(dst, src), // the driver's path (no stager)
     }
 }
 
@@ -462,12 +491,7 @@ pub(crate) fn auto_stager(
     count: usize,
     elem: usize,
 ) -> Option<&'static Stager> {
-    if !matches!(
-        (src, dst),
-        (Loc::Pageable, Loc::Device) | (Loc::Device, Loc::Pageable)
-    ) {
-        return None;
-    }
+    Dir::of(src, dst)?;
     static ENV_OFF: OnceLock<bool> = OnceLock::new();
     let env_off = *ENV_OFF
         .get_or_init(|| std::env::var_os("CUDA_MEM_STAGED_COPIES").is_some_and(|v| v == "0"));
@@ -501,23 +525,19 @@ struct Lane {
 }
 
 impl Lane {
-    fn new(device: i32, depth: usize) -> Result<Lane> {
+    /// A stream and `depth` events on the calling thread's current device.
+    fn new(depth: usize) -> Result<Lane> {
+        let mut lane = Lane {
+            stream: std::ptr::null_mut(),
+            events: Vec::with_capacity(depth),
+        };
         // SAFETY: plain runtime calls with valid out-pointers; on failure what was created
         // is destroyed by `Lane::drop`.
         unsafe {
-            check(sys::cudaSetDevice(device), || {
-                format!("cudaSetDevice({device})")
-            })?;
-            let mut lane = Lane {
-                stream: std::ptr::null_mut(),
-                events: Vec::with_capacity(depth),
-            };
-            let mut s = std::ptr::null_mut();
             check(
-                sys::cudaStreamCreateWithFlags(&mut s, sys::cudaStreamNonBlocking),
+                sys::cudaStreamCreateWithFlags(&mut lane.stream, sys::cudaStreamNonBlocking),
                 || "cudaStreamCreateWithFlags(NonBlocking)".into(),
             )?;
-            lane.stream = s;
             for _ in 0..depth {
                 let mut e = std::ptr::null_mut();
                 check(
@@ -526,8 +546,8 @@ impl Lane {
                 )?;
                 lane.events.push(e);
             }
-            Ok(lane)
         }
+        Ok(lane)
     }
 }
 
@@ -577,20 +597,26 @@ fn run_part(sh: &Shared, job: &Job, w: usize, lanes: &mut HashMap<i32, Lane>) ->
     check(unsafe { sys::cudaSetDevice(job.device) }, || {
         format!("cudaSetDevice({})", job.device)
     })?;
+    let depth = sh.config.depth;
     let lane = match lanes.entry(job.device) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => {
-            v.insert(Lane::new(job.device, sh.config.depth.max(job.depth))?)
-        }
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(Lane::new(depth)?),
     };
-    let mut bufs = Vec::with_capacity(job.depth);
-    for _ in 0..job.depth {
+    let mut bufs = Vec::with_capacity(depth);
+    for _ in 0..depth {
         bufs.push(sh.pool.alloc::<u8>(job.chunk, HostAllocFlags::DEFAULT)?);
     }
     let ptrs: Vec<usize> = bufs.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+    let part = Part {
+        job,
+        w,
+        lane,
+        bufs: &ptrs,
+        nt: sh.config.nt_stores,
+    };
     let result = match job.dir {
-        Dir::ToDevice => to_device(job, w, lane, &ptrs),
-        Dir::ToHost => to_host(job, w, lane, &ptrs),
+        Dir::ToDevice => part.to_device(),
+        Dir::ToHost => part.to_host(),
     };
     // Whatever happened, the staging buffers go back only once no copy uses them.
     // SAFETY: a live stream of this lane.
@@ -614,115 +640,130 @@ fn run_part(sh: &Shared, job: &Job, w: usize, lanes: &mut HashMap<i32, Lane>) ->
     result.and(synced)
 }
 
-/// A runtime call's result for a chunk, with the forced failure of the `testing` feature.
-fn chunk_call(job: &Job, c: usize, code: sys::cudaError_t, call: &str) -> Result<()> {
-    if job.fail_at == Some(c) {
-        return Err(Error::Cuda {
-            code: crate::ErrorCode(sys::cudaError::cudaErrorLaunchFailure.0),
-            call: format!("{call} (chunk {c}, forced by cuda_mem::testing)"),
-        });
-    }
-    check(code, || format!("{call} (chunk {c} of a staged copy)"))
+/// One worker's part of a job: its chunks are `w`, `w + parts`, ...; its `i`-th chunk uses
+/// staging buffer `i % depth` and event `i % depth` of its lane.
+struct Part<'a> {
+    job: &'a Job,
+    w: usize,
+    lane: &'a Lane,
+    bufs: &'a [usize],
+    nt: bool,
 }
 
-fn to_device(job: &Job, w: usize, lane: &Lane, bufs: &[usize]) -> Result<()> {
-    let mut used = vec![false; bufs.len()];
-    for (i, c) in (w..job.chunks()).step_by(job.parts).enumerate() {
-        if job.abort.load(Ordering::Relaxed) {
-            break;
-        }
-        let k = i % bufs.len();
-        if used[k] {
-            // SAFETY: a live event of this lane.
-            check(unsafe { sys::cudaEventSynchronize(lane.events[k]) }, || {
-                "cudaEventSynchronize(staging buffer)".into()
-            })?;
-        }
-        let (off, len) = job.span(c);
-        // SAFETY: the host range `host + off .. + len` lies inside the caller's source, which
-        // the caller keeps borrowed until this part is done; the staging buffer holds `chunk
-        // >= len` bytes and no copy reads it any more (its event completed above).
-        unsafe {
-            host_copy(
-                bufs[k] as *mut u8,
-                (job.host + off) as *const u8,
-                len,
-                job.nt,
-            )
-        };
-        // SAFETY: the device range lies inside the caller's destination (borrowed mutably
-        // until this part is done, its pending work waited for), the staging buffer is pinned
-        // and not touched by the CPU until this copy's event has completed.
-        let code = unsafe {
-            sys::cudaMemcpyAsync(
-                (job.dev + off) as *mut c_void,
-                bufs[k] as *const c_void,
-                len,
-                sys::cudaMemcpyKind::cudaMemcpyHostToDevice,
-                lane.stream,
-            )
-        };
-        chunk_call(job, c, code, "cudaMemcpyAsync(HostToDevice)")?;
-        // SAFETY: live event and stream of this lane.
-        let code = unsafe { sys::cudaEventRecord(lane.events[k], lane.stream) };
-        check(code, || "cudaEventRecord(staging buffer)".into())?;
-        used[k] = true;
+impl Part<'_> {
+    fn len(&self) -> usize {
+        self.job.part_len(self.w)
     }
-    Ok(())
-}
 
-fn to_host(job: &Job, w: usize, lane: &Lane, bufs: &[usize]) -> Result<()> {
-    let mine: Vec<usize> = (w..job.chunks()).step_by(job.parts).collect();
-    let depth = bufs.len();
-    let queue = |i: usize| -> Result<()> {
-        let (off, len) = job.span(mine[i]);
-        let k = i % depth;
-        // SAFETY: the device range lies inside the caller's source (borrowed until this part
-        // is done, its pending writes waited for); staging buffer `k` holds `chunk >= len`
-        // bytes and the CPU does not touch it until this copy's event has completed.
-        let code = unsafe {
-            sys::cudaMemcpyAsync(
-                bufs[k] as *mut c_void,
-                (job.dev + off) as *const c_void,
-                len,
-                sys::cudaMemcpyKind::cudaMemcpyDeviceToHost,
-                lane.stream,
-            )
-        };
-        chunk_call(job, mine[i], code, "cudaMemcpyAsync(DeviceToHost)")?;
-        // SAFETY: live event and stream of this lane.
-        let code = unsafe { sys::cudaEventRecord(lane.events[k], lane.stream) };
-        check(code, || "cudaEventRecord(staging buffer)".into())
-    };
-    for i in 0..depth.min(mine.len()) {
-        queue(i)?;
+    fn chunk(&self, i: usize) -> usize {
+        self.job.part_chunk(self.w, i)
     }
-    for i in 0..mine.len() {
-        if job.abort.load(Ordering::Relaxed) {
-            break;
-        }
-        let k = i % depth;
+
+    fn aborted(&self) -> bool {
+        self.job.abort.load(Ordering::Relaxed)
+    }
+
+    /// Blocks until the copy queued through staging buffer `k` has completed.
+    fn wait(&self, k: usize) -> Result<()> {
         // SAFETY: a live event of this lane.
-        check(unsafe { sys::cudaEventSynchronize(lane.events[k]) }, || {
-            "cudaEventSynchronize(staging buffer)".into()
-        })?;
-        let (off, len) = job.span(mine[i]);
-        // SAFETY: the staging buffer's copy has completed (event above); the host range lies
-        // inside the caller's destination, borrowed mutably until this part is done, and no
-        // other worker writes this chunk.
-        unsafe {
-            host_copy(
-                (job.host + off) as *mut u8,
-                bufs[k] as *const u8,
-                len,
-                job.nt,
-            )
-        };
-        if i + depth < mine.len() {
-            queue(i + depth)?;
-        }
+        check(
+            unsafe { sys::cudaEventSynchronize(self.lane.events[k]) },
+            || "cudaEventSynchronize(staging buffer)".into(),
+        )
     }
-    Ok(())
+
+    /// Queues the copy of this part's `i`-th chunk between the caller's device memory and
+    /// staging buffer `i % depth`, and records that buffer's event after it.
+    ///
+    /// # Safety
+    /// The staging buffer is not touched by the CPU until that event has completed; for a
+    /// copy to the device, its chunk is already in the staging buffer.
+    unsafe fn queue(&self, i: usize) -> Result<()> {
+        let (c, k) = (self.chunk(i), i % self.bufs.len());
+        let (off, len) = self.job.span(c);
+        let (dev, buf) = (
+            (self.job.dev + off) as *mut c_void,
+            self.bufs[k] as *mut c_void,
+        );
+        let (dst, src, kind, call) = match self.job.dir {
+            Dir::ToDevice => (
+                dev,
+                buf,
+                sys::cudaMemcpyKind::cudaMemcpyHostToDevice,
+                "HostToDevice",
+            ),
+            Dir::ToHost => (
+                buf,
+                dev,
+                sys::cudaMemcpyKind::cudaMemcpyDeviceToHost,
+                "DeviceToHost",
+            ),
+        };
+        // SAFETY: the device range lies inside the caller's device memory (borrowed until this
+        // part is done, its pending work waited for); the staging buffer holds `chunk >= len`
+        // pinned bytes that only this copy uses until its event completes (the caller's
+        // promise); the stream is this lane's.
+        let code = unsafe { sys::cudaMemcpyAsync(dst, src, len, kind, self.lane.stream) };
+        self.job.check_chunk(c, code, call)?;
+        // SAFETY: live event and stream of this lane.
+        let code = unsafe { sys::cudaEventRecord(self.lane.events[k], self.lane.stream) };
+        check(code, || "cudaEventRecord(staging buffer)".into())
+    }
+
+    /// Host memory of this part's `i`-th chunk, and its staging buffer.
+    fn host_and_buf(&self, i: usize) -> (usize, usize, usize) {
+        let (off, len) = self.job.span(self.chunk(i));
+        (self.job.host + off, self.bufs[i % self.bufs.len()], len)
+    }
+
+    /// Each chunk: wait until its staging buffer is free, fill it on the CPU, queue its copy.
+    fn to_device(&self) -> Result<()> {
+        let depth = self.bufs.len();
+        for i in 0..self.len() {
+            if self.aborted() {
+                break;
+            }
+            if i >= depth {
+                self.wait(i % depth)?;
+            }
+            let (host, buf, len) = self.host_and_buf(i);
+            // SAFETY: the host range lies inside the caller's source, borrowed until this part
+            // is done; the staging buffer holds `chunk >= len` bytes and no copy reads it any
+            // more (its previous copy's event completed above, or it was never used).
+            unsafe { host_copy(buf as *mut u8, host as *const u8, len, self.nt) };
+            // SAFETY: the chunk is in the staging buffer, which the CPU leaves alone until the
+            // copy's event has completed (the wait above, `depth` chunks later).
+            unsafe { self.queue(i)? };
+        }
+        Ok(())
+    }
+
+    /// The first `depth` chunks queued; then each: wait for it, copy it out on the CPU, and
+    /// queue the chunk `depth` later into the same staging buffer.
+    fn to_host(&self) -> Result<()> {
+        let (n, depth) = (self.len(), self.bufs.len());
+        for i in 0..depth.min(n) {
+            // SAFETY: the CPU reads staging buffer `i` only after waiting for its event below.
+            unsafe { self.queue(i)? };
+        }
+        for i in 0..n {
+            if self.aborted() {
+                break;
+            }
+            self.wait(i % depth)?;
+            let (host, buf, len) = self.host_and_buf(i);
+            // SAFETY: the staging buffer's copy has completed (event above); the host range
+            // lies inside the caller's destination, borrowed mutably until this part is done,
+            // and no other worker writes this chunk.
+            unsafe { host_copy(host as *mut u8, buf as *const u8, len, self.nt) };
+            if i + depth < n {
+                // SAFETY: the CPU is done with this staging buffer (the copy just above) and
+                // reads it again only after waiting for the new event.
+                unsafe { self.queue(i + depth)? };
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Copies `len` bytes; with `nt`, large copies use non-temporal stores where the CPU has
@@ -861,8 +902,6 @@ mod tests {
             host: 0,
             bytes: 100_003,
             chunk: 4096,
-            depth: 2,
-            nt: false,
             parts: 3,
             fail_at: None,
             abort: AtomicBool::new(false),
@@ -872,8 +911,8 @@ mod tests {
         };
         let mut seen = vec![0u8; job.bytes];
         for w in 0..job.parts {
-            for c in (w..job.chunks()).step_by(job.parts) {
-                let (off, len) = job.span(c);
+            for i in 0..job.part_len(w) {
+                let (off, len) = job.span(job.part_chunk(w, i));
                 seen[off..off + len].iter_mut().for_each(|b| *b += 1);
             }
         }
