@@ -204,15 +204,7 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Queues a byte fill on `stream` (`cudaMemsetAsync`); the buffer records the stream.
     pub fn memset_async(&mut self, byte: u8, stream: &Stream) -> Result<()> {
-        let bytes = self.byte_len();
-        let _use = self.fence.begin(stream, (0, bytes), Access::Write)?;
-        let p = self.ptr.as_ptr();
-        // SAFETY: `p` covers `bytes` bytes of our allocation; the use above records the fill
-        // on the fence when it drops, and the buffer waits for it before host access or free.
-        let code = unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
-        check(code, || {
-            format!("cudaMemsetAsync({p:p}, {byte}, {})", fmt_bytes(bytes))
-        })
+        crate::copy::memset_async(self, byte, stream)
     }
 
     /// The device ordinal the memory lives on.
