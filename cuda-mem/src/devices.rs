@@ -138,10 +138,11 @@ impl Device {
 
     /// Sets the calling thread's flags for this device (`cudaSetDeviceFlags`, with this device
     /// made current for the call): how the host waits for it, and what its context allows.
-    /// Unknown bits, or two `SCHEDULE_*` flags at once, are [`Misuse::InvalidFlags`].
+    /// Two `SCHEDULE_*` flags at once are [`Misuse::InvalidFlags`] (unknown bits cannot be
+    /// constructed).
     pub fn set_flags(self, flags: DeviceFlags) -> Result<()> {
         let schedule = flags.bits() & sys::cudaDeviceScheduleMask;
-        if DeviceFlags::from_bits(flags.bits()).is_none() || schedule.count_ones() > 1 {
+        if schedule.count_ones() > 1 {
             return Err(Misuse::InvalidFlags {
                 op: "cudaSetDeviceFlags",
                 flags: flags.bits(),

@@ -59,16 +59,8 @@ impl Event {
         )
     }
 
-    /// An event on the current device with `flags` (`cudaEventCreateWithFlags`). Unknown bits
-    /// are [`Misuse::InvalidFlags`].
+    /// An event on the current device with `flags` (`cudaEventCreateWithFlags`).
     pub fn with_flags(flags: EventFlags) -> Result<Self> {
-        if EventFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op: "cudaEventCreateWithFlags",
-                flags: flags.bits(),
-            }
-            .into());
-        }
         Self::create(flags.bits(), "cudaEventCreateWithFlags")
     }
 

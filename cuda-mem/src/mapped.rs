@@ -141,8 +141,7 @@ impl<T: Pod> MappedBuffer<T> {
     ///
     /// Everything is checked before anything is adopted, so on error the memory stays the
     /// caller's: [`Misuse::NullPointer`], [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
-    /// [`Misuse::Misaligned`]; [`Misuse::InvalidFlags`] for unknown bits or flags without
-    /// MAPPED; [`Misuse::Unsupported`] when the current device cannot map host memory;
+    /// [`Misuse::Misaligned`]; [`Misuse::InvalidFlags`] for flags without MAPPED; [`Misuse::Unsupported`] when the current device cannot map host memory;
     /// [`Misuse::InvalidArgument`] when the runtime does not know the first or the last element
     /// as page-locked host memory (`cudaPointerGetAttributes`); the runtime's error when it has
     /// no device address for it (`cudaHostGetDevicePointer`).
@@ -164,9 +163,7 @@ impl<T: Pod> MappedBuffer<T> {
     pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
         let op = "MappedBuffer::from_raw";
         let p = size::raw_parts(ptr, len, op)?;
-        if HostAllocFlags::from_bits(flags.bits()).is_none()
-            || !flags.contains(HostAllocFlags::MAPPED)
-        {
+        if !flags.contains(HostAllocFlags::MAPPED) {
             return Err(Misuse::InvalidFlags {
                 op: "MappedBuffer::from_raw (MAPPED is required)",
                 flags: flags.bits(),

@@ -42,20 +42,6 @@ flag_set! {
     }
 }
 
-impl HostAllocFlags {
-    /// Refuses bits `cudaHostAlloc` does not know: [`Misuse::InvalidFlags`] naming `op`.
-    pub(crate) fn check(self, op: &'static str) -> Result<()> {
-        match HostAllocFlags::from_bits(self.bits()) {
-            Some(_) => Ok(()),
-            None => Err(Misuse::InvalidFlags {
-                op,
-                flags: self.bits(),
-            }
-            .into()),
-        }
-    }
-}
-
 /// A typed buffer of pinned host memory, freed on drop: `cudaFreeHost`, or for a buffer from a
 /// host pool ([`from_pool`](Self::from_pool)) `cudaFreeAsync` queued on its stream, which
 /// never waits.
@@ -167,7 +153,6 @@ impl<T: Pod> PinnedBuffer<T> {
         op: &'static str,
     ) -> Result<Self> {
         let bytes = size::alloc_bytes::<T>(len, op)?;
-        flags.check("cudaHostAlloc")?;
         let p = pinning::cuda_host_alloc(bytes, flags)?;
         Self::adopt(p.as_ptr().cast(), len, flags, "cudaHostAlloc")
     }
@@ -189,7 +174,7 @@ impl<T: Pod> PinnedBuffer<T> {
     /// `cudaMallocHost` elsewhere (C or C++ code); freed with `cudaFreeHost` on drop.
     ///
     /// Errors: [`Misuse::NullPointer`], [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
-    /// [`Misuse::Misaligned`], [`Misuse::InvalidFlags`].
+    /// [`Misuse::Misaligned`].
     ///
     /// # Safety
     /// `ptr` must come from `cudaHostAlloc` with `flags` (or `cudaMallocHost` with
@@ -197,7 +182,6 @@ impl<T: Pod> PinnedBuffer<T> {
     /// elsewhere, not be owned by anything else, and have no GPU work pending on it.
     pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
         let p = size::raw_parts(ptr, len, "PinnedBuffer::from_raw")?;
-        flags.check("PinnedBuffer::from_raw")?;
         Self::adopt(p.as_ptr().cast(), len, flags, "PinnedBuffer::from_raw")
     }
 
@@ -290,7 +274,6 @@ impl<T: Pod> PinnedBuffer<T> {
     pub fn with_strategy(len: usize, flags: HostAllocFlags, strategy: PinStrategy) -> Result<Self> {
         const OP: &str = "PinnedBuffer::with_strategy";
         let bytes = size::alloc_bytes::<T>(len, OP)?;
-        flags.check(OP)?;
         let (block, _) = Block::alloc(bytes, flags, strategy)?;
         // SAFETY: a new block of `bytes` zeroed (initialised) bytes, owned by the buffer.
         unsafe { Self::from_block(block, len, flags, None) }

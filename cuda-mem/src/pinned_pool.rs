@@ -379,12 +379,11 @@ impl PinnedPool {
     ///
     /// The buffer goes back to the pool on drop, without waiting for GPU work that uses it.
     ///
-    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`], [`Misuse::InvalidFlags`];
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`];
     /// out of memory after emptying the cache and one retry, with the pool's statistics.
     pub fn alloc<T: Pod>(&self, len: usize, flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
         const OP: &str = "PinnedPool::alloc";
         let bytes = size::alloc_bytes::<T>(len, OP)?;
-        flags.check(OP)?;
         let key = Key {
             class: class_of(bytes).ok_or(Misuse::SizeOverflow {
                 len,

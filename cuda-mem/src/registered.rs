@@ -54,13 +54,6 @@ struct Registration<T> {
 impl<T: Pod> Registration<T> {
     fn new(slice: &mut [T], flags: HostRegisterFlags, op: &'static str) -> Result<Self> {
         let bytes = size::alloc_bytes::<T>(slice.len(), op)?;
-        if HostRegisterFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op: "cudaHostRegister",
-                flags: flags.bits(),
-            }
-            .into());
-        }
         let p = slice.as_mut_ptr();
         // SAFETY: `p` covers `bytes` bytes of memory the caller keeps alive and unaliased for
         // the registration's life; flags are known bits.
@@ -155,8 +148,8 @@ unsafe impl<T: Pod + Sync> Sync for RegisteredSlice<'_, T> {}
 impl<'a, T: Pod> RegisteredSlice<'a, T> {
     /// Pins `slice` in place with `cudaHostRegister(flags)`.
     ///
-    /// Errors: an empty slice is [`Misuse::ZeroLength`]; unknown flag bits are
-    /// [`Misuse::InvalidFlags`]; memory registered already gives the runtime's
+    /// Errors: an empty slice is [`Misuse::ZeroLength`]; memory registered already gives the
+    /// runtime's
     /// `cudaErrorHostMemoryAlreadyRegistered`.
     pub fn register(slice: &'a mut [T], flags: HostRegisterFlags) -> Result<Self> {
         Ok(RegisteredSlice {
@@ -232,7 +225,7 @@ impl<T: Pod> RegisteredVec<T> {
     ///
     /// Checked before anything is adopted, so on error the memory and its registration stay
     /// the caller's: [`Misuse::NullPointer`], [`Misuse::ZeroLength`],
-    /// [`Misuse::SizeOverflow`], [`Misuse::Misaligned`], [`Misuse::InvalidFlags`];
+    /// [`Misuse::SizeOverflow`], [`Misuse::Misaligned`];
     /// [`Misuse::InvalidArgument`] when `capacity < len`, or when the runtime does not know
     /// the first or the last element as page-locked host memory
     /// (`cudaPointerGetAttributes`: not registered).
@@ -266,13 +259,6 @@ impl<T: Pod> RegisteredVec<T> {
             return Err(Misuse::InvalidArgument {
                 op,
                 reason: format!("capacity {capacity} is less than the length {len}"),
-            }
-            .into());
-        }
-        if HostRegisterFlags::from_bits(flags.bits()).is_none() {
-            return Err(Misuse::InvalidFlags {
-                op,
-                flags: flags.bits(),
             }
             .into());
         }
