@@ -342,6 +342,19 @@ impl Drop for DeviceGuard {
 }
 
 /// The device current on this thread, as an ordinal (0 if the runtime cannot say).
+/// [`Misuse::DeviceMismatch`] naming `op` unless `found` is the device `expected`.
+pub(crate) fn require_same(op: &'static str, expected: i32, found: i32) -> Result<()> {
+    if expected == found {
+        return Ok(());
+    }
+    Err(Misuse::DeviceMismatch {
+        op,
+        expected,
+        found,
+    }
+    .into())
+}
+
 pub(crate) fn current_ordinal() -> i32 {
     Device::current().map(Device::ordinal).unwrap_or(0)
 }

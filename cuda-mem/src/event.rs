@@ -5,7 +5,7 @@ use std::ptr;
 use cuda_mem_sys as sys;
 
 use crate::devices::{current_ordinal, Device};
-use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
+use crate::error::{check, check_call, clear_not_ready, Result};
 use crate::flags::flag_set;
 
 flag_set! {
@@ -200,16 +200,7 @@ impl Event {
 
 /// CUDA's rule for recording: "event and stream must be on the same CUDA context".
 pub(crate) fn check_same_device(op: &'static str, event: i32, stream: i32) -> Result<()> {
-    if event == stream {
-        Ok(())
-    } else {
-        Err(Misuse::DeviceMismatch {
-            op,
-            expected: event,
-            found: stream,
-        }
-        .into())
-    }
+    crate::devices::require_same(op, event, stream)
 }
 
 impl Drop for Event {
@@ -232,7 +223,7 @@ mod tests {
         let e = check_same_device("Event::record", 0, 1).unwrap_err();
         assert_eq!(
             e.misuse(),
-            Some(&Misuse::DeviceMismatch {
+            Some(&crate::Misuse::DeviceMismatch {
                 op: "Event::record",
                 expected: 0,
                 found: 1

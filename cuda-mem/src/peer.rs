@@ -389,14 +389,7 @@ impl StagedCopy {
                 dst.device(),
             ),
         ] {
-            if expected != found {
-                return Err(Misuse::DeviceMismatch {
-                    op,
-                    expected,
-                    found,
-                }
-                .into());
-            }
+            crate::devices::require_same(op, expected, found)?;
         }
         let PeerPlan {
             d,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cuda_mem_sys as sys;
 
 use crate::devices::{Device, DeviceGuard};
-use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
+use crate::error::{check, check_call, clear_not_ready, Result};
 
 /// The shared part of a [`Stream`]: fences keep a clone, so that a stream whose buffers still
 /// have work recorded on them is destroyed only once that bookkeeping is gone.
@@ -64,15 +64,7 @@ impl StreamInner {
     /// the runtime would queue it on the current device's legacy stream instead.
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
         if self.raw.is_null() {
-            let current = crate::devices::current_ordinal();
-            if current != self.device {
-                return Err(Misuse::DeviceMismatch {
-                    op,
-                    expected: self.device,
-                    found: current,
-                }
-                .into());
-            }
+            crate::devices::require_same(op, self.device, crate::devices::current_ordinal())?;
         }
         Ok(())
     }
