@@ -275,7 +275,11 @@ where
         _ => None,
     };
     let legacy = Stream::legacy_on(device.unwrap_or_else(current_ordinal));
-    let _guard = legacy.inner().enter()?;
+    // (Without a device side, the legacy stream is the current device's: nothing to enter.)
+    let _guard = match device {
+        Some(_) => legacy.inner().enter()?,
+        None => None,
+    };
     let (sr, dr) = (
         plan_range::<T>(src.fence_base(), src_offset, bytes),
         plan_range::<T>(dst.fence_base(), dst_offset, bytes),

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cuda_mem_sys as sys;
 
@@ -204,16 +204,24 @@ impl Stream {
         Self::legacy_on(crate::devices::current_ordinal())
     }
 
-    /// The legacy default stream of device `device` (the caller knows it exists).
+    /// The legacy default stream of device `device` (the caller knows it exists). One shared
+    /// handle per device (for the first 64): synchronous copies and memsets make one every
+    /// call, and fences then recognise it by pointer.
     pub(crate) fn legacy_on(device: i32) -> Self {
-        Stream {
-            inner: Arc::new(StreamInner {
+        static LEGACY: [OnceLock<Arc<StreamInner>>; 64] = [const { OnceLock::new() }; 64];
+        let make = || {
+            Arc::new(StreamInner {
                 raw: ptr::null_mut(),
                 owned: false,
                 device,
                 _keeper: None,
-            }),
-        }
+            })
+        };
+        let inner = match usize::try_from(device).ok().and_then(|d| LEGACY.get(d)) {
+            Some(slot) => slot.get_or_init(make).clone(),
+            None => make(),
+        };
+        Stream { inner }
     }
 
     /// The device the stream belongs to.
