@@ -148,7 +148,13 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
     Ok(())
 }
 
-fn row(kind: &'static str, dir: &'static str, bytes: u64, samples: u32, t: Paired) -> CopyRow {
+pub(super) fn row(
+    kind: &'static str,
+    dir: &'static str,
+    bytes: u64,
+    samples: u32,
+    t: Paired,
+) -> CopyRow {
     CopyRow {
         kind,
         direction: dir,

@@ -28,7 +28,7 @@ use cuda_mem_nccl::{bus_bandwidth, Collective, Comm, Group, ReduceOp};
 
 use super::{interquartile_mean, progress, raw, Config};
 use crate::results::{BenchResults, Check, MultiRow, NO_SPREAD};
-use crate::units::median;
+use crate::units::{gbps, median};
 
 const SAMPLES: usize = 11;
 
@@ -95,10 +95,6 @@ fn paired(
     }
     let ratios: Vec<f64> = r.iter().zip(&o).map(|(r, o)| r / o).collect();
     Ok((median(&o), median(&r), interquartile_mean(&ratios)))
-}
-
-fn gbps(bytes: usize, secs: f64) -> f64 {
-    bytes as f64 / secs / 1e9
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u32> {
@@ -189,15 +185,15 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
                 direction: dir,
                 bytes: bytes as u64,
                 unit: "GB/s",
-                ours: gbps(bytes, o),
-                raw: gbps(bytes, r),
+                ours: gbps(bytes as u64, o),
+                raw: gbps(bytes as u64, r),
                 ratio,
                 spread: NO_SPREAD,
             });
             progress(&format!(
                 "  {test} {dir}: {:.1} GB/s, raw cudaMemcpyPeerAsync {:.1} GB/s (ratio {ratio:.3})",
-                gbps(bytes, o),
-                gbps(bytes, r)
+                gbps(bytes as u64, o),
+                gbps(bytes as u64, r)
             ));
             copy_peer_async(dst, src, &s)?;
             check(
@@ -304,8 +300,8 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
             direction: dir,
             bytes: bytes as u64,
             unit: "GB/s",
-            ours: gbps(bytes, o),
-            raw: gbps(bytes, r),
+            ours: gbps(bytes as u64, o),
+            raw: gbps(bytes as u64, r),
             ratio,
             spread: NO_SPREAD,
         };
@@ -381,7 +377,7 @@ fn nccl_all_reduce(
         times.push(t.elapsed().as_secs_f64());
     }
     let t = median(&times);
-    let algbw = gbps(bytes, t);
+    let algbw = gbps(bytes as u64, t);
     let busbw = bus_bandwidth(Collective::AllReduce, algbw, devices.len());
     let want = vec![3.0f32; n];
     for (r, x) in xs.iter().enumerate() {

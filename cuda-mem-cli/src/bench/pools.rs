@@ -30,9 +30,9 @@ use std::time::Instant;
 use cuda_mem::{copy_async, copy_range, sys, DeviceBuffer, HostAllocFlags, MemPool, PinnedBuffer};
 use cuda_mem::{Result, Stream};
 
-use super::{attempt, progress, raw, reps_for, Config, Ctx, Paired};
-use crate::results::{AllocRow, BenchResults, Check, CopyRow};
-use crate::units::{fmt_size, gbps, MIB};
+use super::{attempt, copies, progress, raw, reps_for, Config, Ctx, Paired};
+use crate::results::{AllocRow, BenchResults};
+use crate::units::{fmt_size, MIB};
 
 /// The allocation kinds measured here.
 pub const KINDS: [&str; 5] = [
@@ -310,17 +310,8 @@ fn host_pool_copies(
             &mut || cuda_mem::copy_range_async(&mut alloc, 0, &dev_b, 0, w, s),
         )?;
         for (dir, t) in [("h2d", h2d), ("d2h", d2h)] {
-            res.copies.push(CopyRow {
-                kind: "host_pool",
-                direction: dir,
-                bytes,
-                reps,
-                samples: cfg.samples,
-                gbps: gbps(bytes, t.ours),
-                raw_gbps: gbps(bytes, t.raw),
-                ratio: 1.0 / t.ratio,
-                spread: (gbps(bytes, t.ours_q.1), gbps(bytes, t.ours_q.0)),
-            });
+            res.copies
+                .push(copies::row("host_pool", dir, bytes, cfg.samples, t));
         }
     }
     let last = &res.copies[res.copies.len() - 2..];
@@ -333,10 +324,7 @@ fn host_pool_copies(
         last[1].raw_gbps
     ));
     // Data check: a pattern through host pool -> device -> cudaHostAlloc -> device -> host pool.
-    let expect = |i: usize| (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x4F4F;
-    for (i, v) in pooled.as_mut_slice()?.iter_mut().enumerate() {
-        *v = expect(i);
-    }
+    copies::fill(pooled.as_mut_slice()?, 0x4F4F);
     copy_async(&mut dev, &pooled, s)?;
     copy_async(&mut alloc, &dev, s)?;
     pooled.as_mut_slice()?.fill(0);
@@ -344,12 +332,10 @@ fn host_pool_copies(
     copy_async(&mut dev_b, &alloc, s)?;
     copy_range(&mut pooled, 0, &dev_b, 0, words)?;
     let got = pooled.as_slice()?;
-    let bad = got.iter().enumerate().find(|&(i, &v)| v != expect(i));
-    res.checks.push(Check {
-        what: "host_pool h2d+d2h copies".into(),
-        bytes: max,
-        ok: bad.is_none(),
-        detail: bad.map(|(i, &v)| format!("word {i}: got {v:#018x}, expected {:#018x}", expect(i))),
-    });
+    res.checks.push(copies::compare(
+        "host_pool h2d+d2h copies".into(),
+        got,
+        0x4F4F,
+    ));
     Ok(())
 }
