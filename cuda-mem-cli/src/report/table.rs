@@ -8,6 +8,42 @@ use crate::units::{fmt_size, GIB, KIB, MIB};
 /// Sizes always shown in the copy table when measured (besides the smallest and largest).
 const KEY_SIZES: [u64; 4] = [4 * KIB, MIB, 16 * MIB, 256 * MIB];
 
+/// A table of figures against a reference: test, `names[0]` (what was measured), size, unit,
+/// ours (`names[1]`), the reference (`names[2]`) and the ratio; NaN prints as `-`.
+fn against_table(
+    names: [&str; 3],
+    rows: impl Iterator<Item = (&'static str, String, u64, &'static str, [f64; 3])>,
+) -> String {
+    let num = |x: f64| {
+        if x.is_finite() {
+            format!("{x:.3}")
+        } else {
+            "-".into()
+        }
+    };
+    let mut out = vec![vec![
+        "test".to_string(),
+        names[0].into(),
+        "size".into(),
+        "unit".into(),
+        names[1].into(),
+        names[2].into(),
+        "ratio".into(),
+    ]];
+    for (test, what, bytes, unit, [a, b, ratio]) in rows {
+        out.push(vec![
+            test.to_string(),
+            what,
+            fmt_size(bytes),
+            unit.to_string(),
+            num(a),
+            num(b),
+            num(ratio),
+        ]);
+    }
+    grid(&out)
+}
+
 /// A table in Markdown's shape (readable as text, and pastes into an issue or a README):
 /// the first row is the header. A short row (a kind with an error message) is padded with
 /// empty cells.
@@ -370,34 +406,11 @@ pub fn bench_table(r: &BenchResults) -> String {
             "\nTwo GPUs: cuda-mem / raw (peer_*: cudaMemcpyPeerAsync; staged: pipelined \
              through pinned host memory / two serial copies; ratio = speed of cuda-mem / raw)\n",
         );
-        let mut rows = vec![vec![
-            "test".to_string(),
-            "dir".into(),
-            "size".into(),
-            "unit".into(),
-            "cuda-mem".into(),
-            "raw".into(),
-            "ratio".into(),
-        ]];
-        let num = |x: f64| {
-            if x.is_finite() {
-                format!("{x:.3}")
-            } else {
-                "-".into()
-            }
-        };
-        for m in &r.multi {
-            rows.push(vec![
-                m.test.to_string(),
-                m.direction.to_string(),
-                fmt_size(m.bytes),
-                m.unit.to_string(),
-                num(m.ours),
-                num(m.raw),
-                num(m.ratio),
-            ]);
-        }
-        out.push_str(&grid(&rows));
+        let rows = r.multi.iter().map(|m| {
+            let nums = [m.ours, m.raw, m.ratio];
+            (m.test, m.direction.to_string(), m.bytes, m.unit, nums)
+        });
+        out.push_str(&against_table(["dir", "cuda-mem", "raw"], rows));
     }
 
     // Host side.
@@ -407,34 +420,11 @@ pub fn bench_table(r: &BenchResults) -> String {
              memcpy on one thread, cudaHostAlloc + cudaFreeHost, cudaHostAlloc, the driver's \
              pageable cudaMemcpy; ratio = speed of ours / reference)\n",
         );
-        let mut rows = vec![vec![
-            "test".to_string(),
-            "configuration".into(),
-            "size".into(),
-            "unit".into(),
-            "ours".into(),
-            "reference".into(),
-            "ratio".into(),
-        ]];
-        let num = |x: f64| {
-            if x.is_finite() {
-                format!("{x:.3}")
-            } else {
-                "-".into()
-            }
-        };
-        for h in &r.host {
-            rows.push(vec![
-                h.test.to_string(),
-                h.config.clone(),
-                fmt_size(h.bytes),
-                h.unit.to_string(),
-                num(h.ours),
-                num(h.reference),
-                num(h.ratio),
-            ]);
-        }
-        out.push_str(&grid(&rows));
+        let rows = r.host.iter().map(|h| {
+            let nums = [h.ours, h.reference, h.ratio];
+            (h.test, h.config.clone(), h.bytes, h.unit, nums)
+        });
+        out.push_str(&against_table(["configuration", "ours", "reference"], rows));
     }
 
     // Checks and errors.
