@@ -265,7 +265,14 @@ where
         return Ok(());
     }
     dst.check_device_writable("copy")?;
-    let Plan { d, s, bytes, kind } = plan;
+    let Plan {
+        d,
+        s,
+        bytes,
+        kind,
+        dr,
+        sr,
+    } = plan;
     // The runtime queues the copy on the legacy stream of the current device; run it on the
     // device of the device-memory side (so that the recorded work is the work queued), and
     // give the caller back whatever device was current.
@@ -280,10 +287,6 @@ where
         Some(_) => legacy.inner().enter()?,
         None => None,
     };
-    let (sr, dr) = (
-        plan_range::<T>(src.fence_base(), src_offset, bytes),
-        plan_range::<T>(dst.fence_base(), dst_offset, bytes),
-    );
     prepare_sync(src.fence(), src.loc(), &legacy, sr, Access::Read)?;
     prepare_sync(dst.fence(), dst.loc(), &legacy, dr, Access::Write)?;
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
@@ -340,16 +343,19 @@ fn plan_range<T>(base: usize, offset: usize, bytes: usize) -> (usize, usize) {
     (start, start + bytes)
 }
 
-/// The checked pointers, size and kind of one copy.
-struct Plan<T> {
-    d: *mut T,
-    s: *const T,
-    bytes: usize,
-    kind: sys::cudaMemcpyKind,
+/// The checked pointers, size and kind of one copy, and the byte ranges it covers in the
+/// destination's and the source's fences.
+pub(crate) struct Plan<T> {
+    pub(crate) d: *mut T,
+    pub(crate) s: *const T,
+    pub(crate) bytes: usize,
+    pub(crate) kind: sys::cudaMemcpyKind,
+    pub(crate) dr: (usize, usize),
+    pub(crate) sr: (usize, usize),
 }
 
 impl<T: Pod> Plan<T> {
-    fn new<D, S>(
+    pub(crate) fn new<D, S>(
         dst: &mut D,
         dst_offset: usize,
         src: &S,
@@ -371,6 +377,8 @@ impl<T: Pod> Plan<T> {
             s: src.raw_ptr().wrapping_add(src_offset),
             bytes,
             kind,
+            dr: plan_range::<T>(dst.fence_base(), dst_offset, bytes),
+            sr: plan_range::<T>(src.fence_base(), src_offset, bytes),
         })
     }
 }
@@ -410,17 +418,20 @@ where
     D: MemoryMut<T> + AsyncMemory<T> + ?Sized,
     S: AsyncMemory<T> + ?Sized,
 {
-    let Plan { d, s, bytes, kind } = Plan::new(dst, dst_offset, src, src_offset, count)?;
+    let Plan {
+        d,
+        s,
+        bytes,
+        kind,
+        dr,
+        sr,
+    } = Plan::new(dst, dst_offset, src, src_offset, count)?;
     if bytes == 0 {
         return Ok(());
     }
     dst.check_device_writable("copy_async")?;
     src.check_stream(stream, "copy_async")?;
     dst.check_stream(stream, "copy_async")?;
-    let (sr, dr) = (
-        plan_range::<T>(src.fence_base(), src_offset, bytes),
-        plan_range::<T>(dst.fence_base(), dst_offset, bytes),
-    );
     // Marked when these drop, after the copy is queued below.
     let _src_use = src.async_fence().begin(stream, sr, Access::Read)?;
     let _dst_use = dst.async_fence().begin(stream, dr, Access::Write)?;
@@ -518,6 +529,7 @@ mod tests {
         assert_eq!(p.bytes, 12);
         assert_eq!(p.d as usize, dst.as_ptr() as usize + 4);
         assert_eq!(p.s as usize, src.as_ptr() as usize + 20);
+        assert_eq!((p.dr, p.sr), ((4, 16), (20, 32)));
         assert!(Plan::new(&mut dst, 2, &src, 0, 3).is_err());
         assert!(Plan::new(&mut dst, 0, &src, 6, 3).is_err());
         assert!(Plan::new(&mut dst, usize::MAX, &src, 0, 1).is_err());

@@ -22,6 +22,7 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::copy::sealed::Async;
+use crate::copy::Plan;
 use crate::device::DeviceBuffer;
 use crate::devices::Device;
 use crate::error::{check, Misuse, Result};
@@ -128,38 +129,6 @@ fn check_pair(op: &'static str, a: Device, b: Device) -> Result<()> {
     Ok(())
 }
 
-/// The checked addresses and byte ranges of one copy between two device buffers.
-struct PeerPlan<T> {
-    d: *mut T,
-    s: *const T,
-    bytes: usize,
-    dr: (usize, usize),
-    sr: (usize, usize),
-}
-
-fn peer_plan<T: Pod>(
-    dst: &mut DeviceBuffer<T>,
-    dst_offset: usize,
-    src: &DeviceBuffer<T>,
-    src_offset: usize,
-    count: usize,
-) -> Result<PeerPlan<T>> {
-    size::range(dst_offset, count, dst.len())?;
-    size::range(src_offset, count, src.len())?;
-    let bytes = size::byte_len::<T>(count)?;
-    let elem = std::mem::size_of::<T>();
-    // Cannot overflow: the ranges lie inside allocations (checked above).
-    let (ds, ss) = (dst_offset * elem, src_offset * elem);
-    Ok(PeerPlan {
-        // `wrapping_add` keeps this free of `unsafe`; the offsets are in bounds.
-        d: dst.as_mut_ptr().wrapping_add(dst_offset),
-        s: src.as_ptr().wrapping_add(src_offset),
-        bytes,
-        dr: (ds, ds + bytes),
-        sr: (ss, ss + bytes),
-    })
-}
-
 /// Copies all of `src` into `dst`, device buffers that may live on different devices
 /// (`cudaMemcpyPeerAsync` on the legacy default stream of the source's device).
 ///
@@ -212,13 +181,14 @@ pub fn copy_peer_range_async<T: Pod>(
     count: usize,
     stream: &Stream,
 ) -> Result<()> {
-    let PeerPlan {
+    let Plan {
         d,
         s,
         bytes,
         dr,
         sr,
-    } = peer_plan(dst, dst_offset, src, src_offset, count)?;
+        ..
+    } = Plan::new(dst, dst_offset, src, src_offset, count)?;
     if bytes == 0 {
         return Ok(());
     }
@@ -230,7 +200,7 @@ pub fn copy_peer_range_async<T: Pod>(
     let _src_use = src.async_fence().begin(stream, sr, Access::Read)?;
     let _dst_use = dst.async_fence().begin(stream, dr, Access::Write)?;
     // SAFETY: both ranges lie inside live device allocations of the devices named
-    // (`peer_plan`); `dst` is borrowed mutably. The copy outlives this call, which is sound
+    // (`Plan::new`); `dst` is borrowed mutably. The copy outlives this call, which is sound
     // because both buffers wait for the uses marked above before host access or free, and
     // pending conflicting work was ordered before it by `begin`.
     let code =
@@ -391,13 +361,14 @@ impl StagedCopy {
         ] {
             crate::devices::require_same(op, expected, found)?;
         }
-        let PeerPlan {
+        let Plan {
             d,
             s,
             bytes,
             dr,
             sr,
-        } = peer_plan(dst, dst_offset, src, src_offset, count)?;
+            ..
+        } = Plan::new(dst, dst_offset, src, src_offset, count)?;
         if bytes == 0 {
             return Ok(());
         }
