@@ -247,11 +247,9 @@ impl<T: Pod> DeviceBuffer<T> {
             return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
         }
         self.fence.host_wait(Access::Write)?;
-        let _guard = if self.device != current_ordinal() {
-            Device::get(self.device).and_then(Device::guard).ok()
-        } else {
-            None
-        };
+        // The allocating device current for the free (the guard switches only where needed,
+        // and restores the caller's device).
+        let _guard = Device::from_ordinal_unchecked(self.device).guard().ok();
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation; callers (drop, free) never use it again afterwards.
         check(unsafe { sys::cudaFree(p.cast()) }, || {

@@ -562,11 +562,7 @@ impl<T: Pod> ManagedBuffer<T> {
         self.fence.host_wait(Access::Write)?;
         // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller
         // has current (the guard restores it).
-        let _guard = if self.device != crate::devices::current_ordinal() {
-            Device::get(self.device).and_then(Device::guard).ok()
-        } else {
-            None
-        };
+        let _guard = Device::from_ordinal_unchecked(self.device).guard().ok();
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation and never use it after this call.
         check(unsafe { sys::cudaFree(p.cast()) }, || {

@@ -51,13 +51,10 @@ impl StreamInner {
     /// `enter` for the legacy stream, out of line: the owned streams' path stays a test.
     #[inline(never)]
     fn enter_legacy(&self) -> Result<Option<DeviceGuard>> {
-        if crate::devices::current_ordinal() != self.device {
-            Device::from_ordinal_unchecked(self.device)
-                .guard()
-                .map(Some)
-        } else {
-            Ok(None)
-        }
+        // (The guard switches only when another device is current.)
+        Device::from_ordinal_unchecked(self.device)
+            .guard()
+            .map(Some)
     }
 
     /// Refuses work queued on a legacy default stream of another device than the current one:
