@@ -185,13 +185,18 @@ fn follow<'a>(ours: &CudaStream, theirs: &'a CudaStream) -> SyncOnDrop<'a> {
     if ours == theirs {
         return SyncOnDrop::Sync(None);
     }
-    if let Err(e) = theirs.join(ours) {
-        // Without the device-side wait, finish the guard's stream on the host instead.
-        let ctx = theirs.context();
-        ctx.record_err::<()>(Err(e));
-        ctx.record_err(ours.synchronize());
-    }
+    join_or_sync(theirs, ours);
     SyncOnDrop::sync_stream(theirs)
+}
+
+/// Makes `waiter` wait (device side) for the work queued on `waited` so far; where that fails,
+/// finishes `waited` on the host instead. Errors go to cudarc's context error (never a panic).
+fn join_or_sync(waiter: &CudaStream, waited: &CudaStream) {
+    if let Err(e) = waiter.join(waited) {
+        let ctx = waiter.context();
+        ctx.record_err::<()>(Err(e));
+        ctx.record_err(waited.synchronize());
+    }
 }
 
 /// A read guard of cuda-mem memory for a cudarc stream ([`CudarcPtr::cudarc_ptr`]): a
@@ -213,41 +218,49 @@ pub struct CudarcWrite<'a, T> {
     stream: Arc<CudaStream>,
 }
 
-impl<'a, T> std::ops::Deref for CudarcRead<'a, T> {
-    type Target = DeviceRead<'a, T>;
-    fn deref(&self) -> &DeviceRead<'a, T> {
-        &self.guard
-    }
-}
+/// The trait impls the two guards share (`Deref` to the cuda-mem guard, `Debug`, and
+/// cudarc's `DeviceSlice` and `DevicePtr`): trait-impl boilerplate only.
+macro_rules! cudarc_guard {
+    ($ty:ident, $inner:ident) => {
+        impl<'a, T> std::ops::Deref for $ty<'a, T> {
+            type Target = $inner<'a, T>;
+            fn deref(&self) -> &$inner<'a, T> {
+                &self.guard
+            }
+        }
 
-impl<'a, T> std::ops::Deref for CudarcWrite<'a, T> {
-    type Target = DeviceWrite<'a, T>;
-    fn deref(&self) -> &DeviceWrite<'a, T> {
-        &self.guard
-    }
-}
+        impl<T> fmt::Debug for $ty<'_, T> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    concat!(stringify!($ty), "({:?}, stream {:p})"),
+                    self.guard,
+                    self.stream.cu_stream()
+                )
+            }
+        }
 
-impl<T> fmt::Debug for CudarcRead<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CudarcRead({:?}, stream {:p})",
-            self.guard,
-            self.stream.cu_stream()
-        )
-    }
-}
+        impl<T> DeviceSlice<T> for $ty<'_, T> {
+            fn len(&self) -> usize {
+                self.guard.len()
+            }
+            fn stream(&self) -> &Arc<CudaStream> {
+                &self.stream
+            }
+        }
 
-impl<T> fmt::Debug for CudarcWrite<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CudarcWrite({:?}, stream {:p})",
-            self.guard,
-            self.stream.cu_stream()
-        )
-    }
+        impl<T> CudarcDevicePtr<T> for $ty<'_, T> {
+            fn device_ptr<'b>(
+                &'b self,
+                stream: &'b CudaStream,
+            ) -> (dsys::CUdeviceptr, SyncOnDrop<'b>) {
+                (self.guard.addr(), follow(&self.stream, stream))
+            }
+        }
+    };
 }
+cudarc_guard!(CudarcRead, DeviceRead);
+cudarc_guard!(CudarcWrite, DeviceWrite);
 
 /// cuda-mem memory that cudarc work may read: every kind [`DevicePtr`] covers, views
 /// included. Implemented for all of them.
@@ -277,36 +290,6 @@ pub trait CudarcPtrMut<T: Pod>: DevicePtrMut<T> {
     }
 }
 impl<T: Pod, M: DevicePtrMut<T> + ?Sized> CudarcPtrMut<T> for M {}
-
-impl<T> DeviceSlice<T> for CudarcRead<'_, T> {
-    fn len(&self) -> usize {
-        self.guard.len()
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-}
-
-impl<T> CudarcDevicePtr<T> for CudarcRead<'_, T> {
-    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (dsys::CUdeviceptr, SyncOnDrop<'b>) {
-        (self.guard.addr(), follow(&self.stream, stream))
-    }
-}
-
-impl<T> DeviceSlice<T> for CudarcWrite<'_, T> {
-    fn len(&self) -> usize {
-        self.guard.len()
-    }
-    fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-}
-
-impl<T> CudarcDevicePtr<T> for CudarcWrite<'_, T> {
-    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (dsys::CUdeviceptr, SyncOnDrop<'b>) {
-        (self.guard.addr(), follow(&self.stream, stream))
-    }
-}
 
 impl<T> CudarcDevicePtrMut<T> for CudarcWrite<'_, T> {
     fn device_ptr_mut<'b>(
@@ -454,11 +437,7 @@ impl Drop for Bound<'_> {
         // 2. The memory's own stream (where cudarc frees it, and where work goes when cudarc
         //    tracks no events) after all of it.
         if self.owner != self.cstream {
-            if let Err(e) = self.owner.join(&self.cstream) {
-                let ctx = self.owner.context();
-                ctx.record_err::<()>(Err(e));
-                ctx.record_err(self.cstream.synchronize());
-            }
+            join_or_sync(&self.owner, &self.cstream);
         }
         // 3. `_record` drops next: cudarc records its read or write event on `cstream`.
     }
