@@ -782,3 +782,16 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod name_tests {
+    #[test]
+    fn a_kernel_name_with_a_nul_is_refused_by_name() {
+        assert!(super::kernel_name("cm_read").is_ok());
+        let e = super::kernel_name("cm\0read").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Library::kernel: kernel name \"cm\\0read\" contains a NUL byte"
+        );
+    }
+}

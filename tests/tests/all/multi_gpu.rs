@@ -781,3 +781,56 @@ fn nccl_two_processes_share_the_unique_id_through_a_file() {
     }
     let _ = std::fs::remove_file(&file);
 }
+
+/// Arguments NCCL would misuse are refused before any NCCL call, each with its exact message:
+/// no devices, a rank outside the communicator, mismatched lengths, a receive buffer of the
+/// wrong size, a root outside the communicator, a buffer on another rank's device.
+#[test]
+fn nccl_refuses_bad_arguments_with_exact_errors() {
+    let (d0, d1) = two_gpus_or_skip!("nccl_refuses_bad_arguments_with_exact_errors");
+    if !nvls_off_or_rerun("multi_gpu::nccl_refuses_bad_arguments_with_exact_errors") {
+        return;
+    }
+    d0.set_current().unwrap();
+    let e = Comm::init_all(&[]).unwrap_err();
+    assert_eq!(e.to_string(), "Comm::init_all: no devices");
+    let id = UniqueId::new().unwrap();
+    let e = Comm::init_rank(d0, 2, 2, &id).unwrap_err();
+    assert_eq!(e.to_string(), "Comm::init_rank: rank 2 is not in 0..2");
+    let comms = Comm::init_all(&[d0, d1]).unwrap();
+    let s0 = Stream::on(d0, true).unwrap();
+    let send = on(d0, || DeviceBuffer::<u32>::zeroed(4)).unwrap();
+    let mut recv = on(d0, || DeviceBuffer::<u32>::zeroed(5)).unwrap();
+    let mut recv2 = on(d0, || DeviceBuffer::<u32>::zeroed(5)).unwrap();
+    let mut buf = on(d0, || DeviceBuffer::<u32>::zeroed(4)).unwrap();
+    let elsewhere = on(d1, || DeviceBuffer::<u32>::zeroed(5)).unwrap();
+    let mut recv3 = on(d0, || DeviceBuffer::<u32>::zeroed(5)).unwrap();
+    let mut g = Group::start().unwrap();
+    let e = g
+        .all_reduce(&comms[0], &send, &mut recv, ReduceOp::Sum, &s0)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ncclAllReduce: send has 4 elements, receive 5"
+    );
+    let e = g.all_gather(&comms[0], &send, &mut recv2, &s0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ncclAllGather: the receive buffer needs 2 ranks x 4 elements, has 5"
+    );
+    let e = g
+        .broadcast_in_place(&comms[0], &mut buf, 2, &s0)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ncclBroadcast (in place): root 2 is not in 0..2"
+    );
+    let e = g
+        .all_reduce(&comms[0], &elsewhere, &mut recv3, ReduceOp::Sum, &s0)
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ncclAllReduce: the send buffer is on device 1, the communicator's rank 0 on device 0"
+    );
+    g.end().unwrap();
+}
