@@ -189,7 +189,7 @@ impl MemPool {
     /// Errors: [`Misuse::Unsupported`] when the device has no memory pools.
     pub fn new(device: Device) -> Result<MemPool> {
         require_pools(device)?;
-        Self::create(PoolLocation::Device(device.ordinal()), 0)
+        Self::create(PoolLocation::Device(device.ordinal()), device, 0)
     }
 
     /// Like [`MemPool::new`], with the pool capped at `max_bytes` (`cudaMemPoolProps::maxSize`;
@@ -206,7 +206,7 @@ impl MemPool {
         }
         if cfg!(cudart_mem_pool_max_size) {
             require_pools(device)?;
-            Self::create(PoolLocation::Device(device.ordinal()), max_bytes)
+            Self::create(PoolLocation::Device(device.ordinal()), device, max_bytes)
         } else {
             Err(Misuse::Unsupported {
                 device: device.ordinal(),
@@ -244,7 +244,7 @@ impl MemPool {
                 "host memory pools (cudaDevAttrHostMemoryPoolsSupported)",
             ));
         }
-        let pool = Self::create(PoolLocation::Host, 0).map_err(|e| {
+        let pool = Self::create(PoolLocation::Host, device, 0).map_err(|e| {
             let refused = [
                 ErrorCode::INVALID_VALUE,
                 ErrorCode(sys::cudaError::cudaErrorNotSupported.0),
@@ -261,7 +261,10 @@ impl MemPool {
     }
 
     /// `cudaMemPoolCreate`; the callers have checked that `device` has pools.
-    fn create(location: PoolLocation, max_bytes: usize) -> Result<MemPool> {
+    fn create(location: PoolLocation, device: Device, max_bytes: usize) -> Result<MemPool> {
+        // (Only the refusal of builds without host pools names the device.)
+        #[cfg(cudart_mem_pool_host)]
+        let _ = device;
         // SAFETY: cudaMemPoolProps is plain C data; all-zero is its documented default (no
         // handle types, no security attributes, reserved bytes zero).
         let mut props: sys::cudaMemPoolProps = unsafe { std::mem::zeroed() };
