@@ -27,7 +27,7 @@ use crate::stream::{Stream, StreamInner};
 /// [`Event::from_raw`]).
 ///
 /// CUDA requires an event and the stream it is recorded on to belong to the same device:
-/// [`Event::record`] refuses anything else with [`Misuse::DeviceMismatch`]. Waiting on an
+/// [`Event::record`] refuses anything else with [`Misuse::DeviceMismatch`](crate::Misuse::DeviceMismatch). Waiting on an
 /// event from a stream of another device is allowed.
 #[derive(Debug)]
 pub struct Event {

@@ -195,7 +195,7 @@ impl Stream {
     ///
     /// The runtime has one per device, and the null handle means the one of whichever device
     /// is current: work queued through this crate on a legacy stream while another device is
-    /// current is refused ([`Misuse::DeviceMismatch`]), and the fence's own calls on it make
+    /// current is refused ([`Misuse::DeviceMismatch`](crate::Misuse::DeviceMismatch)), and the fence's own calls on it make
     /// its device current first.
     pub fn legacy_default() -> Self {
         Self::legacy_on(crate::devices::current_ordinal())
