@@ -407,13 +407,15 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
 /// A stream-ordered allocation: the allocation is queued on stream 0, then the fence is built
 /// already marking it (`Tracker::marked`, no lock). Readers on two other threads' streams are
 /// ordered after the allocation and a host read waits for it; the free, ordered through the
-/// exclusive borrow the owner has at drop (`order_mut`, no lock), comes after every reader.
+/// exclusive borrow the owner has at drop (`order_origin_mut`, no lock, on the allocation's
+/// stream), comes after every reader. The threads' first calls race to enter the allocation's
+/// lazy mark.
 #[test]
 fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
     model(|| {
         let mut w = World::with_fence(3, |w| {
             w.enqueue(0, ALL, Access::Write); // cudaMallocFromPoolAsync
-            Tracker::marked(&w.streams[0], ALL, Access::Write)
+            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
         });
         let a = {
             let w = w.clone();
@@ -430,9 +432,11 @@ fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
         b.join().unwrap();
         // Drop: the owner is the only one left.
         let w = Arc::get_mut(&mut w).expect("the threads are joined");
-        w.fence
-            .order_mut(&w.streams[0], ALL, Access::Write)
+        let origin = w
+            .fence
+            .order_origin_mut(ALL, Access::Write)
             .expect("the model's waits do not fail");
+        assert_eq!(origin.map(|s| s.id), Some(0), "the free's stream");
         w.enqueue(0, ALL, Access::Write); // cudaFreeAsync
     });
 }

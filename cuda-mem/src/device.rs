@@ -129,7 +129,7 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// The stream a pooled buffer was allocated on, where its free will be queued.
     pub fn alloc_stream(&self) -> Option<&Stream> {
-        self.pooled.as_ref().map(Pooled::stream)
+        self.fence.origin()
     }
 
     /// `cudaMalloc`, with `op` naming the public constructor in misuse errors.

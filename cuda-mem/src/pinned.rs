@@ -321,7 +321,7 @@ impl<T: Pod> PinnedBuffer<T> {
 
     /// The stream a pooled buffer was allocated on, where its free will be queued.
     pub fn alloc_stream(&self) -> Option<&Stream> {
-        self.pooled.as_ref().map(Pooled::stream)
+        self.fence.origin()
     }
 
     fn zero_fill(&mut self) {

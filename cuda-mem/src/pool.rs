@@ -501,16 +501,16 @@ impl MemPool {
     }
 }
 
-/// What a pooled buffer remembers: its pool (kept alive) and the stream it was allocated on,
-/// where its free is queued.
+/// What a pooled buffer remembers besides its fence: its pool, kept alive. Its allocation
+/// stream, where the free is queued, is the fence's [`origin`](Fence::origin) (one stream
+/// reference for both).
 pub(crate) struct Pooled {
     pool: MemPool,
-    stream: Stream,
 }
 
 impl fmt::Debug for Pooled {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} on {:?}", self.pool, self.stream)
+        self.pool.fmt(f)
     }
 }
 
@@ -520,16 +520,11 @@ impl Pooled {
         &self.pool
     }
 
-    /// The stream the buffer was allocated on and is freed on.
-    pub(crate) fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
     /// Queues the free of `ptr` (`bytes` long, guarded by `fence`) on the allocation stream,
     /// after every piece of work recorded on the fence, without blocking the host. On error
     /// nothing was freed: the caller leaks the memory.
     pub(crate) fn free(&self, ptr: *mut c_void, bytes: usize, fence: &mut Fence) -> Result<()> {
-        self.free_with(ptr, bytes, fence, |ptr, s| {
+        Self::free_with(ptr, bytes, fence, |ptr, s| {
             // SAFETY: we own the allocation (from this pool, allocated on `s`); `free_with`
             // ordered the stream after all pending work on it on other streams, and its own
             // earlier work precedes the free in stream order. Nothing uses the memory
@@ -544,17 +539,22 @@ impl Pooled {
     /// on `fence` and its device current. The exclusive borrow of the fence (the buffer is
     /// being freed: nothing else can use it) spares the lock.
     pub(crate) fn free_with(
-        &self,
         ptr: *mut c_void,
         bytes: usize,
         fence: &mut Fence,
         raw_free: impl FnOnce(*mut c_void, &Stream) -> Result<()>,
     ) -> Result<()> {
-        let s = &self.stream;
         // The legacy stream's null handle means the current device's: make its device current.
-        let _g = s.inner().enter()?;
+        let _g = fence.origin().map(|s| s.inner().enter()).transpose()?;
         // Ordering without marking: nothing can wait for the free, the buffer is gone after it.
-        fence.order_mut(s, (0, bytes), Access::Write)?;
+        let Some(s) = fence.order_origin_mut((0, bytes), Access::Write)? else {
+            // Every pooled buffer's fence is made by `alloc_with`, with its stream.
+            return Err(Misuse::InvalidArgument {
+                op: "free",
+                reason: "a pooled buffer without its allocation stream".into(),
+            }
+            .into());
+        };
         raw_free(ptr, s)
     }
 }
@@ -620,12 +620,5 @@ pub(crate) fn alloc_with(
     // The allocation is queued: mark it on the new fence (which nobody else sees yet, so no
     // ordering is needed and nothing can be in flight) before anyone can use the memory.
     let fence = Fence::marked(stream, (0, bytes), Access::Write);
-    Ok((
-        ptr,
-        Pooled {
-            pool: pool.clone(),
-            stream: Stream::from_inner(stream.inner().clone()),
-        },
-        fence,
-    ))
+    Ok((ptr, Pooled { pool: pool.clone() }, fence))
 }

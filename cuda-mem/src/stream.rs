@@ -100,6 +100,9 @@ impl Drop for StreamInner {
 /// Destroying a stream with work still queued is allowed: the runtime releases it once that
 /// work completes, so dropping never blocks on it. Buffers that have work recorded on the stream
 /// keep the handle alive until they no longer need it.
+// `repr(transparent)`: a fence's stream handle (an `Arc<StreamInner>`) is lent out as a
+// `&Stream` (`from_inner_ref`).
+#[repr(transparent)]
 pub struct Stream {
     inner: Arc<StreamInner>,
 }
@@ -253,9 +256,21 @@ impl Stream {
         &self.inner
     }
 
-    /// Another handle to the same stream (pooled buffers keep one to queue their free on).
+    /// Another handle to the same stream (`testing::PoolPair` keeps one, as a pooled buffer's
+    /// fence does).
+    #[cfg(feature = "testing")]
     pub(crate) fn from_inner(inner: Arc<StreamInner>) -> Stream {
         Stream { inner }
+    }
+
+    /// A stream handle held as its shared part (a pooled buffer's allocation stream, which its
+    /// fence keeps), seen as a `Stream`.
+    pub(crate) fn from_inner_ref(inner: &Arc<StreamInner>) -> &Stream {
+        // SAFETY: `Stream` is `repr(transparent)` over its one field, an `Arc<StreamInner>`,
+        // so the two have the same layout and validity; the reference keeps `inner`'s
+        // lifetime, and a `&Stream` allows nothing a `&Arc<StreamInner>` does not (dropping
+        // needs ownership).
+        unsafe { &*(inner as *const Arc<StreamInner>).cast::<Stream>() }
     }
 }
 

@@ -154,7 +154,7 @@ impl PoolPair {
     ) -> Result<()> {
         let (ptr, pooled, mut fence) =
             crate::pool::alloc_with(&self.pool, bytes, &self.stream, "PoolPair", alloc)?;
-        let freed = pooled.free_with(ptr.as_ptr(), bytes, &mut fence, |p, _| free(p));
+        let freed = crate::pool::Pooled::free_with(ptr.as_ptr(), bytes, &mut fence, |p, _| free(p));
         drop(fence);
         drop(pooled);
         freed

@@ -111,24 +111,32 @@ impl Fence {
         self.core.order(stream.inner(), bytes, access)
     }
 
-    /// [`order`](Self::order) with the fence borrowed exclusively (a buffer's free): no lock.
-    pub(crate) fn order_mut(
+    /// [`order`](Self::order) on the fence's [`origin`](Self::origin) stream, borrowed
+    /// exclusively (a pooled buffer's free): no lock. Hands the stream back for the caller's
+    /// work; `None`, ordering nothing, for a fence without origin.
+    pub(crate) fn order_origin_mut(
         &mut self,
-        stream: &Stream,
         bytes: (usize, usize),
         access: Access,
-    ) -> Result<()> {
-        self.core.order_mut(stream.inner(), bytes, access)
+    ) -> Result<Option<&Stream>> {
+        let s = self.core.order_origin_mut(bytes, access)?;
+        Ok(s.map(Stream::from_inner_ref))
     }
 
     /// A new fence that records work queued on `stream` already, accessing `bytes`: a
     /// stream-ordered allocation's (a write on its stream), so that other streams and the host
     /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
-    /// the lock.
+    /// the lock. The fence keeps `stream` ([`origin`](Self::origin)).
     pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
         Fence {
-            core: Tracker::marked(stream.inner(), bytes, access),
+            core: Tracker::marked(stream.inner().clone(), bytes, access),
         }
+    }
+
+    /// The stream a [`marked`](Self::marked) fence was made with: a pooled buffer's
+    /// allocation stream, where its free is queued.
+    pub(crate) fn origin(&self) -> Option<&Stream> {
+        self.core.origin().map(Stream::from_inner_ref)
     }
 
     /// Blocks until pending work that conflicts with a host `access` has completed. On error
@@ -209,23 +217,35 @@ mod tests {
         }
     }
 
-    /// A pooled buffer's life on one stream: the fence is born marked with one entry and room
-    /// for that one alone (a small allocation the allocator's thread cache serves), and the
-    /// free's ordering on the same stream makes no call; another stream is still ordered
-    /// after the allocation (an event recorded and waited for).
+    /// A pooled buffer's life on one stream: the fence is born marked, and the free's
+    /// ordering on the same stream makes no call and no entry (no allocation at all). A fence
+    /// that is looked at has its one entry, with room for that one alone (a small allocation
+    /// the allocator's thread cache serves). Another stream is ordered after the allocation
+    /// (an event recorded and waited for), and the free after that stream's read.
     #[test]
     fn a_pooled_allocation_and_its_free_on_one_stream_make_no_call() {
         let (s, other) = (Arc::new(0), Arc::new(1));
-        let mut t = Tracker::<Counting>::marked(&s, (0, 64), Access::Write);
-        assert!(!t.is_idle());
-        assert_eq!(t.entry_capacity(), 1);
-        t.order_mut(&s, (0, 64), Access::Write).unwrap();
+        let mut t = Tracker::<Counting>::marked(s.clone(), (0, 64), Access::Write);
+        let origin = t.order_origin_mut((0, 64), Access::Write).unwrap();
+        assert!(origin.is_some_and(|o| Arc::ptr_eq(o, &s)));
         assert_eq!(CALLS.with(Cell::get), 0, "same-stream ordering made a call");
+        assert!(!t.has_entry_room(), "the free made an entry");
 
-        let t = Tracker::<Counting>::marked(&s, (0, 64), Access::Write);
+        let t = Tracker::<Counting>::marked(s.clone(), (0, 64), Access::Write);
+        assert!(!t.is_idle(), "the allocation's mark is lost");
+        assert_eq!(t.entry_capacity(), 1);
+
+        let mut t = Tracker::<Counting>::marked(s.clone(), (0, 64), Access::Write);
         t.order(&other, (0, 8), Access::Read).unwrap();
         assert_eq!(CALLS.with(Cell::get), 2, "record + wait for the allocation");
+        t.mark(&other, (0, 8), Access::Read);
         // The waiting stream's entry made room for more.
         assert!(t.entry_capacity() >= 2);
+        t.order_origin_mut((0, 64), Access::Write).unwrap();
+        assert_eq!(
+            CALLS.with(Cell::get),
+            4,
+            "record + wait for the other stream's read"
+        );
     }
 }

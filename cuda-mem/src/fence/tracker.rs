@@ -30,9 +30,11 @@
 //!
 //! Two calls skip the lock because nobody else can hold it: [`Tracker::marked`] builds a new
 //! tracker that marks work queued already (a stream-ordered allocation, before the buffer
-//! exists for anyone), and [`Tracker::order_mut`] orders through an exclusive borrow (a pooled
-//! buffer's free, queued on its stream after every entry's work). Their state and waits are
-//! those of [`Tracker::mark`] on a new tracker and of [`Tracker::order`].
+//! exists for anyone), and [`Tracker::order_origin_mut`] orders through an exclusive borrow (a
+//! pooled buffer's free, queued on its allocation stream after every entry's work). Their
+//! state and waits are those of [`Tracker::mark`] on a new tracker and of [`Tracker::order`].
+//! The mark of `marked` is entered lazily, by the first call that looks at the state: a
+//! buffer freed on its own stream with no other use never makes an entry.
 //!
 //! A failure never leaves queued work unseen: marking cannot fail; when recording an event
 //! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
@@ -146,17 +148,40 @@ struct Entry<B: Backend> {
     /// Ranges marked since the last record.
     reads: Ranges,
     writes: Ranges,
-    /// Ranges covered by `event`.
-    rec_reads: Ranges,
-    rec_writes: Ranges,
-    /// The last event recorded for this entry, covering `rec_*`.
-    event: Option<Arc<B::Event>>,
-    /// The fence clock at the last mark; `recorded` is its value at the last record.
+    /// The fence clock at the last mark.
     marked: u64,
-    recorded: u64,
+    /// The last record and the waits this stream made: absent until the entry's work is first
+    /// waited for or its stream first waits (each a runtime call, beside which this allocation
+    /// is small). Out of line so that the entry of a buffer used from one stream alone (every
+    /// stream-ordered allocation) stays small: making one at twice the size, zeroed and copied
+    /// through the C library, cost half of such an allocation's bookkeeping.
+    rec: Option<Box<Recorded<B>>>,
+}
+
+/// What an entry's last event covers, and the waits its stream made.
+struct Recorded<B: Backend> {
+    /// Ranges covered by `event`.
+    reads: Ranges,
+    writes: Ranges,
+    /// The last event recorded for this entry.
+    event: Option<Arc<B::Event>>,
+    /// The entry's `marked` at the last record that covered every mark.
+    at: u64,
     /// For each other stream this stream has waited on: that entry's `marked` at the time.
     /// A later conflict with the same, unchanged entry needs no second wait.
     waited: Vec<(B::Stream, u64)>,
+}
+
+impl<B: Backend> Default for Recorded<B> {
+    fn default() -> Self {
+        Recorded {
+            reads: Ranges::default(),
+            writes: Ranges::default(),
+            event: None,
+            at: 0,
+            waited: Vec::new(),
+        }
+    }
 }
 
 impl<B: Backend> Entry<B> {
@@ -165,57 +190,78 @@ impl<B: Backend> Entry<B> {
             stream,
             reads: Ranges::default(),
             writes: Ranges::default(),
-            rec_reads: Ranges::default(),
-            rec_writes: Ranges::default(),
-            event: None,
             marked: 0,
-            recorded: 0,
-            waited: Vec::new(),
+            rec: None,
         }
     }
 
+    /// Adds work accessing `range` as `access`, marked at fence clock `clock`.
+    fn mark(&mut self, clock: u64, range: (usize, usize), access: Access) {
+        match access {
+            Access::Read => self.reads.add(range),
+            Access::Write => self.writes.add(range),
+        }
+        self.marked = clock;
+    }
+
+    fn rec_mut(&mut self) -> &mut Recorded<B> {
+        self.rec.get_or_insert_with(Box::default)
+    }
+
+    /// Whether an event covers every mark: the entry's work is complete once it is.
+    fn covering_event(&self) -> Option<&Arc<B::Event>> {
+        let r = self.rec.as_deref()?;
+        r.event.as_ref().filter(|_| r.at == self.marked)
+    }
+
     fn has_writes(&self) -> bool {
-        !self.writes.is_empty() || !self.rec_writes.is_empty()
+        !self.writes.is_empty() || self.rec.as_ref().is_some_and(|r| !r.writes.is_empty())
     }
 
     fn is_idle(&self) -> bool {
         self.reads.is_empty()
             && self.writes.is_empty()
-            && self.rec_reads.is_empty()
-            && self.rec_writes.is_empty()
+            && self
+                .rec
+                .as_ref()
+                .is_none_or(|r| r.reads.is_empty() && r.writes.is_empty())
     }
 
     /// Whether work that accesses `range` as `access` must be ordered after this entry.
     fn conflicts(&self, range: (usize, usize), access: Access) -> bool {
-        let w = self.writes.overlaps(range) || self.rec_writes.overlaps(range);
+        let rec = self.rec.as_deref();
+        let w = self.writes.overlaps(range) || rec.is_some_and(|r| r.writes.overlaps(range));
         match access {
             Access::Read => w,
-            Access::Write => w || self.reads.overlaps(range) || self.rec_reads.overlaps(range),
+            Access::Write => {
+                w || self.reads.overlaps(range) || rec.is_some_and(|r| r.reads.overlaps(range))
+            }
         }
     }
 
     /// Records an event that covers everything marked so far (once per batch of marks). With
     /// work in flight (`full` false) the event covers only what was queued, so the marks stay
-    /// pending: they are copied to `rec_*` (this event is waited for) and kept in `reads` /
-    /// `writes` (a later record must cover them again).
+    /// pending: they are copied to the record's ranges (this event is waited for) and kept in
+    /// `reads` / `writes` (a later record must cover them again).
     fn materialize(&mut self, full: bool) -> Result<Arc<B::Event>, B::Error> {
-        if let (Some(e), true) = (&self.event, self.recorded == self.marked) {
+        if let Some(e) = self.covering_event() {
             return Ok(e.clone());
         }
+        let rec = self.rec.get_or_insert_with(Box::default);
         // Re-record the old event when nobody else holds it (a host wait may be syncing it).
-        let reuse = match self.event.take() {
+        let reuse = match rec.event.take() {
             Some(e) if Arc::strong_count(&e) == 1 => Arc::try_unwrap(e).ok(),
             _ => None,
         };
         let event = Arc::new(B::record(&self.stream, reuse)?);
-        self.rec_reads.merge(&self.reads);
-        self.rec_writes.merge(&self.writes);
+        rec.reads.merge(&self.reads);
+        rec.writes.merge(&self.writes);
         if full {
             self.reads.clear();
             self.writes.clear();
-            self.recorded = self.marked;
+            rec.at = self.marked;
         }
-        self.event = Some(event.clone());
+        rec.event = Some(event.clone());
         Ok(event)
     }
 
@@ -223,20 +269,22 @@ impl<B: Backend> Entry<B> {
     fn clear(&mut self) {
         self.reads.clear();
         self.writes.clear();
-        self.rec_reads.clear();
-        self.rec_writes.clear();
+        if let Some(r) = &mut self.rec {
+            r.reads.clear();
+            r.writes.clear();
+        }
     }
 }
 
-/// Appends `e` to `entries`, making room for it alone when they have none: a `Vec`'s first
-/// push makes room for four entries, over a kilobyte, past what the allocator keeps in its
-/// per-thread cache (a trip into its core at each allocation and free), while most buffers only
-/// ever see one stream (a pooled buffer always, from its allocation to its free).
-fn push_entry<B: Backend>(entries: &mut Vec<Entry<B>>, e: Entry<B>) {
+/// Appends a new entry for `stream` to `entries`, making room for it alone when they have
+/// none: a `Vec`'s first push makes room for four entries, past what the allocator keeps in
+/// its per-thread cache (a trip into its core at each allocation and free), while most buffers
+/// only ever see one stream.
+fn push_entry<B: Backend>(entries: &mut Vec<Entry<B>>, stream: &B::Stream) {
     if entries.capacity() == 0 {
         entries.reserve_exact(1);
     }
-    entries.push(e);
+    entries.push(Entry::new(stream.clone()));
 }
 
 /// Past this many entries, marking first drops the entries whose work has completed (a
@@ -248,6 +296,9 @@ struct State<B: Backend> {
     entries: Vec<Entry<B>>,
     /// Bumped at every mark; identifies a state of an entry across removal and re-creation.
     clock: u64,
+    /// The mark of a [`marked`](Tracker::marked) tracker's work on its origin stream, not yet
+    /// entered in `entries` (see [`Tracker::settle`]). While it is, `entries` is empty.
+    origin_mark: Option<((usize, usize), Access)>,
 }
 
 /// Pending work on one buffer: see the module docs.
@@ -255,6 +306,9 @@ pub struct Tracker<B: Backend> {
     state: Mutex<State<B>>,
     /// Work marked by `begin` whose `end` has not come yet (see the module docs).
     in_flight: AtomicUsize,
+    /// The stream of a [`marked`](Self::marked) tracker's first work (a stream-ordered
+    /// allocation's stream, where its free is queued too), kept for its owner.
+    origin: Option<B::Stream>,
 }
 
 impl<B: Backend> Default for Tracker<B> {
@@ -263,28 +317,61 @@ impl<B: Backend> Default for Tracker<B> {
             state: Mutex::new(State {
                 entries: Vec::new(),
                 clock: 0,
+                origin_mark: None,
             }),
             in_flight: AtomicUsize::new(0),
+            origin: None,
         }
     }
 }
 
 impl<B: Backend> Tracker<B> {
+    /// The state, with the origin's mark entered (every path but
+    /// [`order_origin_mut`](Self::order_origin_mut) reads the state through here).
     fn lock(&self) -> MutexGuard<'_, State<B>> {
         // A panic while holding the lock leaves at worst extra entries (more waiting), never
         // fewer: recover the state.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        Self::settle(&mut st, self.origin.as_ref());
+        st
+    }
+
+    /// Enters the origin's pending mark as the entry [`mark`](Self::mark) would have made on
+    /// the new tracker: the first entry, at clock 1. Nothing could look at the state between
+    /// the tracker's birth and this (every reader comes through here first), so the lazy mark
+    /// is indistinguishable from one made at birth.
+    fn settle(st: &mut State<B>, origin: Option<&B::Stream>) {
+        if let (Some((range, access)), Some(stream)) = (st.origin_mark.take(), origin) {
+            debug_assert!(st.entries.is_empty() && st.clock == 0);
+            st.clock += 1;
+            push_entry(&mut st.entries, stream);
+            st.entries[0].mark(st.clock, range, access);
+        }
     }
 
     /// A new tracker that marks work on `stream` accessing `range` as `access`, queued already:
-    /// the state [`mark`](Self::mark) leaves on a new tracker, built without the lock (nobody
-    /// else can see the tracker yet). A stream-ordered allocation starts its fence so.
-    pub fn marked(stream: &B::Stream, range: (usize, usize), access: Access) -> Self {
-        let mut t = Self::default();
-        let st = t.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        // Nothing can be in flight on a tracker nobody else has seen.
-        Self::mark_locked(st, true, stream, range, access);
-        t
+    /// the state [`mark`](Self::mark) leaves on a new tracker, made without the lock (nobody
+    /// else can see the tracker yet). A stream-ordered allocation starts its fence so, and
+    /// keeps `stream` there for its free ([`origin`](Self::origin)).
+    ///
+    /// The mark is entered lazily, at the tracker's first use: a buffer freed on its own
+    /// stream without other use (a pooled buffer's whole life, often) never makes an entry,
+    /// whose allocation and stream reference were two thirds of that life's bookkeeping.
+    pub fn marked(stream: B::Stream, range: (usize, usize), access: Access) -> Self {
+        Tracker {
+            state: Mutex::new(State {
+                entries: Vec::new(),
+                clock: 0,
+                origin_mark: Some((range, access)),
+            }),
+            in_flight: AtomicUsize::new(0),
+            origin: Some(stream),
+        }
+    }
+
+    /// The stream a [`marked`](Self::marked) tracker was made with.
+    pub fn origin(&self) -> Option<&B::Stream> {
+        self.origin.as_ref()
     }
 
     /// Before queueing work on `stream` that accesses `range` as `access`: makes `stream` wait
@@ -334,18 +421,28 @@ impl<B: Backend> Tracker<B> {
     }
 
     /// [`order`](Self::order) through an exclusive borrow, which no other thread can hold the
-    /// lock against: the same ordering, without locking (a buffer's free).
-    pub fn order_mut(
+    /// lock against (no locking), on the [`origin`](Self::origin) stream, which it hands back
+    /// for the caller's work: a pooled buffer's free, queued where it was allocated. `None`,
+    /// ordering nothing, when the tracker has no origin.
+    pub fn order_origin_mut(
         &mut self,
-        stream: &B::Stream,
         range: (usize, usize),
         access: Access,
-    ) -> Result<(), B::Error> {
+    ) -> Result<Option<&B::Stream>, B::Error> {
         // (With `&mut self` no `begin` can have its `end` pending unless one was leaked: read
         // the count all the same, as `order` does.)
         let full = self.settled();
+        let Some(origin) = self.origin.as_ref() else {
+            return Ok(None);
+        };
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        Self::order_locked(st, full, stream, range, access)
+        // While the origin's mark is pending nothing else is (`entries` is empty until it is
+        // entered), and it is on this very stream: stream order puts the caller's work after
+        // it, as `order_locked` skips an entry of the same stream. The entry is never made.
+        if st.origin_mark.is_none() {
+            Self::order_locked(st, full, origin, range, access)?;
+        }
+        Ok(Some(origin))
     }
 
     /// `full`: nothing is in flight (see [`settled`](Self::settled)).
@@ -368,8 +465,9 @@ impl<B: Backend> Tracker<B> {
                 .entries
                 .iter()
                 .find(|t| B::same(&t.stream, stream))
-                .is_some_and(|t| {
-                    t.waited
+                .and_then(|t| t.rec.as_deref())
+                .is_some_and(|r| {
+                    r.waited
                         .iter()
                         .any(|(s, m)| B::same(s, &key.0) && *m == key.1)
                 });
@@ -391,13 +489,13 @@ impl<B: Backend> Tracker<B> {
             let t = match st.entries.iter().position(|t| B::same(&t.stream, stream)) {
                 Some(t) => t,
                 None => {
-                    push_entry(&mut st.entries, Entry::new(stream.clone()));
+                    push_entry(&mut st.entries, stream);
                     st.entries.len() - 1
                 }
             };
             // Only an event that covers every mark may stand for them in a later skip.
             if full {
-                let waited = &mut st.entries[t].waited;
+                let waited = &mut st.entries[t].rec_mut().waited;
                 waited.retain(|(s, _)| !B::same(s, &key.0));
                 waited.push(key);
             }
@@ -426,15 +524,11 @@ impl<B: Backend> Tracker<B> {
         let e = match st.entries.iter().position(|e| B::same(&e.stream, stream)) {
             Some(i) => &mut st.entries[i],
             None => {
-                push_entry(&mut st.entries, Entry::new(stream.clone()));
+                push_entry(&mut st.entries, stream);
                 st.entries.last_mut().expect("just pushed")
             }
         };
-        match access {
-            Access::Read => e.reads.add(range),
-            Access::Write => e.writes.add(range),
-        }
-        e.marked = clock;
+        e.mark(clock, range, access);
         if st.entries.len() > PRUNE_AT {
             Self::prune(st, full, stream);
         }
@@ -443,7 +537,7 @@ impl<B: Backend> Tracker<B> {
     /// Drops the entries of other streams whose work is known complete. Failures only keep
     /// entries (more waiting later), so they are ignored.
     /// `full`: nothing is in flight; otherwise only entries whose marks an earlier event
-    /// covers (`recorded == marked`) can be found complete.
+    /// covers (an event covers every mark) can be found complete.
     fn prune(st: &mut State<B>, full: bool, current: &B::Stream) {
         for e in st.entries.iter_mut() {
             if B::same(&e.stream, current) || e.is_idle() {
@@ -452,19 +546,16 @@ impl<B: Backend> Tracker<B> {
             if full {
                 let _ = e.materialize(true);
             }
-            if e.recorded != e.marked {
-                continue;
-            }
-            if let Some(ev) = e.event.clone() {
-                if B::query(&ev).unwrap_or(false) {
-                    e.clear();
-                }
+            if e.covering_event()
+                .is_some_and(|ev| B::query(ev).unwrap_or(false))
+            {
+                e.clear();
             }
         }
         st.entries.retain(|e| !e.is_idle());
         let alive: Vec<B::Stream> = st.entries.iter().map(|e| e.stream.clone()).collect();
-        for e in st.entries.iter_mut() {
-            e.waited
+        for r in st.entries.iter_mut().filter_map(|e| e.rec.as_mut()) {
+            r.waited
                 .retain(|(s, _)| alive.iter().any(|a| B::same(a, s)));
         }
     }
@@ -514,10 +605,13 @@ impl<B: Backend> Tracker<B> {
         let mut st = self.lock();
         for (stream, ev) in &targets {
             if let Some(e) = st.entries.iter_mut().find(|e| B::same(&e.stream, stream)) {
-                if e.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)) {
+                let rec = e.rec.as_mut();
+                if let Some(r) =
+                    rec.filter(|r| r.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)))
+                {
                     // Everything recorded by that event is done; marks since stay.
-                    e.rec_reads.clear();
-                    e.rec_writes.clear();
+                    r.reads.clear();
+                    r.writes.clear();
                     if e.reads.is_empty() && e.writes.is_empty() {
                         e.clear();
                     }
@@ -555,6 +649,14 @@ impl<B: Backend> Tracker<B> {
     #[cfg(test)]
     pub fn entry_capacity(&self) -> usize {
         self.lock().entries.capacity()
+    }
+
+    /// Whether the tracker has made room for entries yet, without entering a pending origin
+    /// mark (for tests).
+    #[cfg(test)]
+    pub fn has_entry_room(&mut self) -> bool {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        st.entries.capacity() > 0
     }
 
     /// Whether no work is known to be pending (for tests and statistics).
