@@ -440,3 +440,39 @@ fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
         w.enqueue(0, ALL, Access::Write); // cudaFreeAsync
     });
 }
+
+/// A stream-ordered allocation freed with no other use, and one freed after a host read on
+/// another thread: the first free finds the allocation's mark still pending and orders
+/// nothing (the free queues behind it on the same stream), the second after the read entered
+/// it; in both the model sees the free after the allocation, and the read waited for it.
+#[test]
+fn pooled_allocation_freed_before_or_after_its_lazy_mark_is_entered() {
+    model(|| {
+        let mut w = World::with_fence(2, |w| {
+            w.enqueue(0, ALL, Access::Write); // cudaMallocFromPoolAsync
+            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
+        });
+        let w = Arc::get_mut(&mut w).expect("not shared");
+        let origin = w
+            .fence
+            .order_origin_mut(ALL, Access::Write)
+            .expect("no waits");
+        assert_eq!(origin.map(|s| s.id), Some(0), "the free's stream");
+        w.enqueue(0, ALL, Access::Write); // cudaFreeAsync
+
+        let mut w = World::with_fence(2, |w| {
+            w.enqueue(0, ALL, Access::Write);
+            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
+        });
+        let reader = {
+            let w = w.clone();
+            thread::spawn(move || w.host(Access::Read))
+        };
+        reader.join().unwrap();
+        let w = Arc::get_mut(&mut w).expect("the reader is joined");
+        w.fence
+            .order_origin_mut(ALL, Access::Write)
+            .expect("the model's waits do not fail");
+        w.enqueue(0, ALL, Access::Write);
+    });
+}

@@ -36,7 +36,8 @@ pub struct DeviceBuffer<T: Pod> {
     len: usize,
     device: i32,
     fence: Fence,
-    /// The pool and stream of a stream-ordered allocation; `None` for `cudaMalloc`.
+    /// The pool of a stream-ordered allocation (its stream is the fence's origin); `None` for
+    /// `cudaMalloc`.
     pooled: Option<Pooled>,
     _owns: PhantomData<T>,
 }
@@ -47,7 +48,8 @@ pub struct DeviceBuffer<T: Pod> {
 // sound when `T` itself may move between threads.
 unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
 // SAFETY: `&DeviceBuffer` only allows reads (copies out of it) and fence waits, which are
-// thread-safe runtime calls; the fence is behind a mutex.
+// thread-safe runtime calls; the fence's state is behind a mutex, and its allocation stream
+// (a pooled buffer's) is a shared, never-changed `Arc` of a thread-safe runtime handle.
 unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
 
 impl_buffer!(DeviceBuffer, Loc::Device, "The device address.", pooled);

@@ -66,7 +66,8 @@ pub struct PinnedBuffer<T: Pod> {
     len: usize,
     flags: HostAllocFlags,
     fence: Fence,
-    /// The pool and stream of a stream-ordered allocation; `None` for `cudaHostAlloc`.
+    /// The pool of a stream-ordered allocation (its stream is the fence's origin); `None` for
+    /// `cudaHostAlloc`.
     pooled: Option<Pooled>,
     /// The block of memory from a [`PinnedPool`] or made by a [`PinStrategy`]; `None` for
     /// `cudaHostAlloc` and stream-ordered allocations. Taken by `release`.
@@ -77,7 +78,8 @@ pub struct PinnedBuffer<T: Pod> {
 // SAFETY: the buffer owns its allocation exclusively, like `Vec<T>`; pinned memory may be
 // accessed and freed from any thread. Sending it sends `T` values, hence `T: Send`.
 unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
-// SAFETY: `&PinnedBuffer` gives `&[T]` (after waiting on the mutex-protected fence) and
+// SAFETY: `&PinnedBuffer` gives `&[T]` (after waiting on the fence, whose state is behind a
+// mutex and whose pooled allocation stream is a never-changed shared handle) and
 // read-only copies, so sharing it shares `&T`, sound when `T: Sync`. Of the owner fields,
 // `&self` only reads `pooled` (handles) and `block` (address and size, for `Debug`).
 unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}

@@ -79,6 +79,7 @@ impl std::fmt::Debug for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fence")
             .field("idle", &self.core.is_idle())
+            .field("origin", &self.core.origin())
             .finish()
     }
 }

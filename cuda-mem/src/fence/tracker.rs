@@ -341,11 +341,12 @@ impl<B: Backend> Tracker<B> {
     /// the tracker's birth and this (every reader comes through here first), so the lazy mark
     /// is indistinguishable from one made at birth.
     fn settle(st: &mut State<B>, origin: Option<&B::Stream>) {
-        if let (Some((range, access)), Some(stream)) = (st.origin_mark.take(), origin) {
-            debug_assert!(st.entries.is_empty() && st.clock == 0);
-            st.clock += 1;
-            push_entry(&mut st.entries, stream);
-            st.entries[0].mark(st.clock, range, access);
+        // (`origin_mark` is only ever set together with `origin`.)
+        if let Some(stream) = origin {
+            if let Some((range, access)) = st.origin_mark.take() {
+                // With `entries` empty and the clock at 0: the first entry, marked at clock 1.
+                Self::mark_locked(st, true, stream, range, access);
+            }
         }
     }
 
