@@ -124,9 +124,9 @@ impl FencePair {
 }
 
 /// The host bookkeeping of one pooled allocation and its free
-/// ([`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool) and its drop: the pool and
-/// stream handles the buffer keeps, its fence, the allocation recorded on it, the free ordered
-/// after it) around raw calls that the caller makes, for `cuda-mem bench`'s ablation row: its
+/// ([`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool) and its drop: the pool handle
+/// the buffer keeps, its fence with the allocation stream and the allocation's mark, the free
+/// ordered after it) around raw calls that the caller makes, for `cuda-mem bench`'s ablation row: its
 /// overhead over the raw calls alone is the bookkeeping's share of the pooled buffer's.
 #[derive(Debug)]
 pub struct PoolPair {

@@ -12,13 +12,14 @@
 //! - `pool`: our pool without a synchronize: the cost of a pair on the host, timed in batches of
 //!   [`BATCH`] pairs (the stream is synchronized between batches, untimed).
 //! - `pool_bookkeeping_only`: ablation of `pool`: the raw pair with our host bookkeeping around
-//!   it ([`cuda_mem::testing::PoolPair`]: the pool and stream handles a pooled buffer keeps,
-//!   its fence, the allocation recorded on it, the free ordered after it), against the raw pair
-//!   alone, batched as `pool`. Its overhead is the bookkeeping's share of `pool`'s; the rest is
+//!   it ([`cuda_mem::testing::PoolPair`]: the pool handle a pooled buffer keeps, its fence
+//!   with the allocation stream and the allocation's mark, the free ordered after it), against
+//!   the raw pair alone, batched as `pool`. Its overhead is the bookkeeping's share of `pool`'s; the rest is
 //!   the buffer type around it.
 //! - `host_pool`: pinned memory from a host-location pool, synchronized per pair; raw: the same
 //!   calls on the same pool. Compare with the `pinned` row (`cudaHostAlloc` +
-//!   `cudaFreeHost`); the pinned pool of the host-speed issue does not exist yet.
+//!   `cudaFreeHost`) and with the host section's `host_pool_vs_pinned_pool` row (the
+//!   [`cuda_mem::PinnedPool`]).
 //!
 //! Copy rows of kind `host_pool`: `copy_async` from and to host-pool memory; their "raw"
 //! column is the same `copy_async` with `cudaHostAlloc` memory, so the ratio is host pool /
