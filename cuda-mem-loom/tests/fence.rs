@@ -166,6 +166,27 @@ impl World {
         Arc::new(w)
     }
 
+    /// A world whose buffer is a stream-ordered allocation: queued on stream 0
+    /// (`cudaMallocFromPoolAsync`), then its fence built marking it, as the crate does.
+    fn pooled(streams: usize) -> Arc<World> {
+        Self::with_fence(streams, |w| {
+            w.enqueue(0, ALL, Access::Write);
+            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
+        })
+    }
+
+    /// A pooled buffer's drop, by its only owner: the free ordered on the allocation stream
+    /// through the exclusive borrow, then queued there (`cudaFreeAsync`).
+    fn free_pooled(w: &mut Arc<World>) {
+        let w = Arc::get_mut(w).expect("the owner is the only one left");
+        let origin = w
+            .fence
+            .order_origin_mut(ALL, Access::Write)
+            .expect("the model's waits do not fail");
+        assert_eq!(origin.map(|s| s.id), Some(0), "the free's stream");
+        w.enqueue(0, ALL, Access::Write);
+    }
+
     /// Queues work on the model GPU, first checking that every conflicting work item already
     /// queued on another stream is complete or ordered before it. (Concurrent queueing of
     /// conflicting work is excluded by Rust's borrows in the crate, and the scenarios respect
@@ -413,10 +434,7 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
 #[test]
 fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
     model(|| {
-        let mut w = World::with_fence(3, |w| {
-            w.enqueue(0, ALL, Access::Write); // cudaMallocFromPoolAsync
-            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
-        });
+        let mut w = World::pooled(3);
         let a = {
             let w = w.clone();
             thread::spawn(move || w.queue(1, ALL, Access::Read))
@@ -431,13 +449,7 @@ fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
         a.join().unwrap();
         b.join().unwrap();
         // Drop: the owner is the only one left.
-        let w = Arc::get_mut(&mut w).expect("the threads are joined");
-        let origin = w
-            .fence
-            .order_origin_mut(ALL, Access::Write)
-            .expect("the model's waits do not fail");
-        assert_eq!(origin.map(|s| s.id), Some(0), "the free's stream");
-        w.enqueue(0, ALL, Access::Write); // cudaFreeAsync
+        World::free_pooled(&mut w);
     });
 }
 
@@ -448,31 +460,14 @@ fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
 #[test]
 fn pooled_allocation_freed_before_or_after_its_lazy_mark_is_entered() {
     model(|| {
-        let mut w = World::with_fence(2, |w| {
-            w.enqueue(0, ALL, Access::Write); // cudaMallocFromPoolAsync
-            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
-        });
-        let w = Arc::get_mut(&mut w).expect("not shared");
-        let origin = w
-            .fence
-            .order_origin_mut(ALL, Access::Write)
-            .expect("no waits");
-        assert_eq!(origin.map(|s| s.id), Some(0), "the free's stream");
-        w.enqueue(0, ALL, Access::Write); // cudaFreeAsync
+        World::free_pooled(&mut World::pooled(2));
 
-        let mut w = World::with_fence(2, |w| {
-            w.enqueue(0, ALL, Access::Write);
-            Tracker::marked(w.streams[0].clone(), ALL, Access::Write)
-        });
+        let mut w = World::pooled(2);
         let reader = {
             let w = w.clone();
             thread::spawn(move || w.host(Access::Read))
         };
         reader.join().unwrap();
-        let w = Arc::get_mut(&mut w).expect("the reader is joined");
-        w.fence
-            .order_origin_mut(ALL, Access::Write)
-            .expect("the model's waits do not fail");
-        w.enqueue(0, ALL, Access::Write);
+        World::free_pooled(&mut w);
     });
 }
