@@ -244,23 +244,18 @@ where
     if let Some(stager) = crate::staged::auto_stager(src.loc(), dst.loc(), count, size_of::<T>()) {
         return stager.copy_range(dst, dst_offset, src, src_offset, count);
     }
-    copy_range_driver(dst, dst_offset, src, src_offset, count)
+    let plan = Plan::new(dst, dst_offset, src, src_offset, count)?;
+    copy_planned(dst, src, plan)
 }
 
-/// [`copy_range`] by the driver's path alone (`cudaMemcpy`), never staged.
-pub(crate) fn copy_range_driver<T, D, S>(
-    dst: &mut D,
-    dst_offset: usize,
-    src: &S,
-    src_offset: usize,
-    count: usize,
-) -> Result<()>
+/// [`copy_range`] by the driver's path alone (`cudaMemcpy`), never staged, of the copy that
+/// `plan` ([`Plan::new`] of these `dst` and `src`) checked already.
+pub(crate) fn copy_planned<T, D, S>(dst: &mut D, src: &S, plan: Plan<T>) -> Result<()>
 where
     T: Pod,
     D: MemoryMut<T> + ?Sized,
     S: Memory<T> + ?Sized,
 {
-    let plan = Plan::new(dst, dst_offset, src, src_offset, count)?;
     if plan.bytes == 0 {
         return Ok(());
     }

@@ -31,7 +31,7 @@ use std::thread::JoinHandle;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{self, sealed, Loc, Memory, MemoryMut};
+use crate::copy::{self, sealed, Loc, Memory, MemoryMut, Plan};
 use crate::devices::current_ordinal;
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::Access;
@@ -332,36 +332,26 @@ impl Stager {
         D: MemoryMut<T> + ?Sized,
         S: Memory<T> + ?Sized,
     {
-        size::range(dst_offset, count, dst.raw_len())?;
-        size::range(src_offset, count, src.raw_len())?;
-        let bytes = size::byte_len::<T>(count)?;
-        let Some(dir) = Dir::of(src.loc(), dst.loc()) else {
-            return copy::copy_range_driver(dst, dst_offset, src, src_offset, count);
+        // Checked once, for either path.
+        let plan = Plan::new(dst, dst_offset, src, src_offset, count)?;
+        let Some(dir) =
+            Dir::of(src.loc(), dst.loc()).filter(|_| plan.bytes >= self.shared.config.min_bytes)
+        else {
+            return copy::copy_planned(dst, src, plan);
         };
-        if bytes < self.shared.config.min_bytes {
-            return copy::copy_range_driver(dst, dst_offset, src, src_offset, count);
-        }
         // A slice of pinned memory (`as_slice()` of a pinned, mapped or registered buffer) is
         // copied faster by DMA in one step than through the staging buffers.
         let host = match dir {
             Dir::ToDevice => src.raw_ptr(),
-            Dir::ToHost => dst.raw_mut_ptr().cast_const(),
+            Dir::ToHost => dst.raw_ptr(),
         };
         if !is_pageable(host) {
-            return copy::copy_range_driver(dst, dst_offset, src, src_offset, count);
+            return copy::copy_planned(dst, src, plan);
         }
-        self.copy_bytes(dst, dst_offset, src, src_offset, bytes, dir)
+        self.copy_bytes(dst, src, &plan, dir)
     }
 
-    fn copy_bytes<T, D, S>(
-        &self,
-        dst: &mut D,
-        dst_offset: usize,
-        src: &S,
-        src_offset: usize,
-        bytes: usize,
-        dir: Dir,
-    ) -> Result<()>
+    fn copy_bytes<T, D, S>(&self, dst: &mut D, src: &S, plan: &Plan<T>, dir: Dir) -> Result<()>
     where
         T: Pod,
         D: sealed::RawMut<T> + ?Sized,
@@ -380,9 +370,8 @@ impl Stager {
             Dir::ToDevice => dst.device_ordinal(),
             Dir::ToHost => src.device_ordinal(),
         };
-        // In bounds (checked by the caller): `wrapping_add` only avoids `unsafe`.
-        let d = dst.raw_mut_ptr().wrapping_add(dst_offset) as usize;
-        let s = src.raw_ptr().wrapping_add(src_offset) as usize;
+        // The addresses `Plan::new` checked.
+        let (d, s, bytes) = (plan.d as usize, plan.s as usize, plan.bytes);
         let (dev, host) = match dir {
             Dir::ToDevice => (d, s),
             Dir::ToHost => (s, d),
