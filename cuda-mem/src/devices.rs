@@ -341,7 +341,6 @@ impl Drop for DeviceGuard {
     }
 }
 
-/// The device current on this thread, as an ordinal (0 if the runtime cannot say).
 /// [`Misuse::DeviceMismatch`] naming `op` unless `found` is the device `expected`.
 pub(crate) fn require_same(op: &'static str, expected: i32, found: i32) -> Result<()> {
     if expected == found {
@@ -355,6 +354,7 @@ pub(crate) fn require_same(op: &'static str, expected: i32, found: i32) -> Resul
     .into())
 }
 
+/// The device current on this thread, as an ordinal (0 if the runtime cannot say).
 pub(crate) fn current_ordinal() -> i32 {
     Device::current().map(Device::ordinal).unwrap_or(0)
 }

@@ -7,6 +7,7 @@ use cuda_mem_sys as sys;
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, check_call, clear_not_ready, Result};
 use crate::flags::flag_set;
+use crate::stream::{Stream, StreamInner};
 
 flag_set! {
     /// Flags of `cudaEventCreateWithFlags`, OR-able with `|`.
@@ -21,7 +22,6 @@ flag_set! {
         INTERPROCESS = sys::cudaEventInterprocess;
     }
 }
-use crate::stream::{Stream, StreamInner};
 
 /// A CUDA event on one device, destroyed on drop (unless borrowed from another library with
 /// [`Event::from_raw`]).
