@@ -605,18 +605,17 @@ impl<B: Backend> Tracker<B> {
         }
         let mut st = self.lock();
         for (stream, ev) in &targets {
-            if let Some(e) = st.entries.iter_mut().find(|e| B::same(&e.stream, stream)) {
-                let rec = e.rec.as_mut();
-                if let Some(r) =
-                    rec.filter(|r| r.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)))
-                {
-                    // Everything recorded by that event is done; marks since stay.
-                    r.reads.clear();
-                    r.writes.clear();
-                    if e.reads.is_empty() && e.writes.is_empty() {
-                        e.clear();
-                    }
-                }
+            let done = st
+                .entries
+                .iter_mut()
+                .find(|e| B::same(&e.stream, stream))
+                .and_then(|e| e.rec.as_deref_mut())
+                .filter(|r| r.event.as_ref().is_some_and(|x| Arc::ptr_eq(x, ev)));
+            if let Some(r) = done {
+                // Everything recorded by that event is done; marks since stay. (An entry left
+                // with neither is idle: dropped below.)
+                r.reads.clear();
+                r.writes.clear();
             }
         }
         st.entries.retain(|e| !e.is_idle());
