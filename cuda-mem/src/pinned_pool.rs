@@ -329,11 +329,19 @@ impl PinnedPool {
         GLOBAL.get_or_init(PinnedPool::default)
     }
 
+    /// Whether this is the process-wide pool.
+    fn is_global(&self) -> bool {
+        GLOBAL
+            .get()
+            .is_some_and(|g| Arc::ptr_eq(&g.shared, &self.shared))
+    }
+
     /// How a buffer refers to this pool.
     fn as_ref_for_buffer(&self) -> PoolRef {
-        match GLOBAL.get() {
-            Some(g) if Arc::ptr_eq(&g.shared, &self.shared) => PoolRef::Global,
-            _ => PoolRef::Owned(self.clone()),
+        if self.is_global() {
+            PoolRef::Global
+        } else {
+            PoolRef::Owned(self.clone())
         }
     }
 
@@ -471,7 +479,7 @@ impl PinnedPool {
                     st.c.driver_allocs += 1;
                     st.c.driver_time += t;
                 }
-                if matches!(self.as_ref_for_buffer(), PoolRef::Global) {
+                if self.is_global() {
                     empty_global_at_exit();
                 }
                 Ok(block)
