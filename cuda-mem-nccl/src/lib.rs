@@ -659,11 +659,18 @@ impl Comm {
         self.check_device(op, "stream", stream.device().ordinal())
     }
 
-    /// Refuses a direct (ungrouped) collective where NCCL would not run it at once: while a
-    /// [`Group`] is open on this thread, or on one of several communicators of
-    /// [`Comm::init_all`].
-    fn check_direct(&self, op: &str) -> Result<()> {
-        refuse_direct(op, self.grouped_only, self.nranks)
+    /// A direct (ungrouped) collective, `op` for errors: refused where NCCL would not run it at
+    /// once (while a [`Group`] is open on this thread, or on one of several communicators of
+    /// [`Comm::init_all`]), else [`launch`](Self::launch)ed, its guards dropped after the call.
+    fn direct<'a, T: NcclType>(
+        &self,
+        op: &str,
+        call: Call<'a, T>,
+        recv: &'a mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        refuse_direct(op, self.grouped_only, self.nranks)?;
+        restoring(|| self.launch(call, recv, stream).map(drop))
     }
 
     /// Sums (or `op`s) `send` across all ranks into `recv` on every rank (`ncclAllReduce`).
@@ -679,18 +686,15 @@ impl Comm {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::all_reduce")?;
-        restoring(|| {
-            self.launch(
-                Call::AllReduce {
-                    send: Some(send),
-                    op,
-                },
-                mut_of(recv),
-                stream,
-            )
-            .map(drop)
-        })
+        self.direct(
+            "Comm::all_reduce",
+            Call::AllReduce {
+                send: Some(send),
+                op,
+            },
+            mut_of(recv),
+            stream,
+        )
     }
 
     /// [`all_reduce`](Self::all_reduce) with `buf` as both input and output.
@@ -700,11 +704,12 @@ impl Comm {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::all_reduce_in_place")?;
-        restoring(|| {
-            self.launch(Call::AllReduce { send: None, op }, mut_of(buf), stream)
-                .map(drop)
-        })
+        self.direct(
+            "Comm::all_reduce_in_place",
+            Call::AllReduce { send: None, op },
+            mut_of(buf),
+            stream,
+        )
     }
 
     /// Gathers every rank's `send` into `recv` on every rank, rank `r`'s at
@@ -716,11 +721,12 @@ impl Comm {
         recv: &mut impl BufferMut<T>,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::all_gather")?;
-        restoring(|| {
-            self.launch(Call::AllGather { send }, mut_of(recv), stream)
-                .map(drop)
-        })
+        self.direct(
+            "Comm::all_gather",
+            Call::AllGather { send },
+            mut_of(recv),
+            stream,
+        )
     }
 
     /// Copies rank `root`'s `buf` into `buf` on every rank (`ncclBroadcast`, in place).
@@ -731,11 +737,12 @@ impl Comm {
         root: i32,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::broadcast_in_place")?;
-        restoring(|| {
-            self.launch(Call::BroadcastInPlace { root }, mut_of(buf), stream)
-                .map(drop)
-        })
+        self.direct(
+            "Comm::broadcast_in_place",
+            Call::BroadcastInPlace { root },
+            mut_of(buf),
+            stream,
+        )
     }
 
     /// Issues `call` on `stream`, writing `recv`: checks that the stream and the buffers are on
@@ -951,7 +958,7 @@ impl<T: NcclType> Drop for Registered<'_, T> {
     }
 }
 
-/// [`Comm::check_direct`] on a communicator's fields (apart, to be tested without NCCL).
+/// [`Comm::direct`]'s refusal, on a communicator's fields (apart, to be tested without NCCL).
 fn refuse_direct(op: &str, grouped_only: bool, nranks: i32) -> Result<()> {
     refuse_in_group(op)?;
     if grouped_only && nranks > 1 {
@@ -1115,18 +1122,15 @@ impl<'a> Group<'a> {
         op: ReduceOp,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| {
-            comm.launch(
-                Call::AllReduce {
-                    send: Some(send),
-                    op,
-                },
-                mut_of(recv),
-                stream,
-            )
-        })?;
-        self.held.push(Box::new(h));
-        Ok(())
+        self.queue(
+            comm,
+            Call::AllReduce {
+                send: Some(send),
+                op,
+            },
+            mut_of(recv),
+            stream,
+        )
     }
 
     /// [`Comm::all_reduce_in_place`] inside the group.
@@ -1137,9 +1141,12 @@ impl<'a> Group<'a> {
         op: ReduceOp,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.launch(Call::AllReduce { send: None, op }, mut_of(buf), stream))?;
-        self.held.push(Box::new(h));
-        Ok(())
+        self.queue(
+            comm,
+            Call::AllReduce { send: None, op },
+            mut_of(buf),
+            stream,
+        )
     }
 
     /// [`Comm::all_gather`] inside the group.
@@ -1150,9 +1157,7 @@ impl<'a> Group<'a> {
         recv: &'a mut B,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.launch(Call::AllGather { send }, mut_of(recv), stream))?;
-        self.held.push(Box::new(h));
-        Ok(())
+        self.queue(comm, Call::AllGather { send }, mut_of(recv), stream)
     }
 
     /// [`Comm::broadcast_in_place`] inside the group.
@@ -1163,8 +1168,19 @@ impl<'a> Group<'a> {
         root: i32,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.launch(Call::BroadcastInPlace { root }, mut_of(buf), stream))?;
-        self.held.push(Box::new(h));
+        self.queue(comm, Call::BroadcastInPlace { root }, mut_of(buf), stream)
+    }
+
+    /// [`Comm::launch`] in the group: its guards are kept until `ncclGroupEnd`.
+    fn queue<T: NcclType>(
+        &mut self,
+        comm: &'a Comm,
+        call: Call<'a, T>,
+        recv: &'a mut DeviceBuffer<T>,
+        stream: &'a Stream,
+    ) -> Result<()> {
+        let guards = restoring(|| comm.launch(call, recv, stream))?;
+        self.held.push(Box::new(guards));
         Ok(())
     }
 
