@@ -39,7 +39,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
-use cuda_mem::{Device, DeviceBuffer, DevicePtr, DevicePtrMut, Stream};
+use cuda_mem::{Device, DeviceBuffer, DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite, Stream};
 
 /// Errors of this crate.
 #[derive(Debug)]
@@ -659,11 +659,18 @@ impl Comm {
         self.check_device(op, "stream", stream.device().ordinal())
     }
 
-    /// Refuses a direct (ungrouped) collective where NCCL would not run it at once: while a
-    /// [`Group`] is open on this thread, or on one of several communicators of
-    /// [`Comm::init_all`].
-    fn check_direct(&self, op: &str) -> Result<()> {
-        refuse_direct(op, self.grouped_only, self.nranks)
+    /// A direct (ungrouped) collective, `op` for errors: refused where NCCL would not run it at
+    /// once (while a [`Group`] is open on this thread, or on one of several communicators of
+    /// [`Comm::init_all`]), else [`launch`](Self::launch)ed, its guards dropped after the call.
+    fn direct<'a, T: NcclType>(
+        &self,
+        op: &str,
+        call: Call<'a, T>,
+        recv: &'a mut DeviceBuffer<T>,
+        stream: &Stream,
+    ) -> Result<()> {
+        refuse_direct(op, self.grouped_only, self.nranks)?;
+        restoring(|| self.launch(call, recv, stream).map(drop))
     }
 
     /// Sums (or `op`s) `send` across all ranks into `recv` on every rank (`ncclAllReduce`).
@@ -679,11 +686,15 @@ impl Comm {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::all_reduce")?;
-        restoring(|| {
-            self.all_reduce_held(send, mut_of(recv), op, stream)
-                .map(drop)
-        })
+        self.direct(
+            "Comm::all_reduce",
+            Call::AllReduce {
+                send: Some(send),
+                op,
+            },
+            mut_of(recv),
+            stream,
+        )
     }
 
     /// [`all_reduce`](Self::all_reduce) with `buf` as both input and output.
@@ -693,11 +704,12 @@ impl Comm {
         op: ReduceOp,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::all_reduce_in_place")?;
-        restoring(|| {
-            self.all_reduce_in_place_held(mut_of(buf), op, stream)
-                .map(drop)
-        })
+        self.direct(
+            "Comm::all_reduce_in_place",
+            Call::AllReduce { send: None, op },
+            mut_of(buf),
+            stream,
+        )
     }
 
     /// Gathers every rank's `send` into `recv` on every rank, rank `r`'s at
@@ -709,8 +721,12 @@ impl Comm {
         recv: &mut impl BufferMut<T>,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::all_gather")?;
-        restoring(|| self.all_gather_held(send, mut_of(recv), stream).map(drop))
+        self.direct(
+            "Comm::all_gather",
+            Call::AllGather { send },
+            mut_of(recv),
+            stream,
+        )
     }
 
     /// Copies rank `root`'s `buf` into `buf` on every rank (`ncclBroadcast`, in place).
@@ -721,144 +737,98 @@ impl Comm {
         root: i32,
         stream: &Stream,
     ) -> Result<()> {
-        self.check_direct("Comm::broadcast_in_place")?;
-        restoring(|| self.broadcast_held(mut_of(buf), root, stream).map(drop))
+        self.direct(
+            "Comm::broadcast_in_place",
+            Call::BroadcastInPlace { root },
+            mut_of(buf),
+            stream,
+        )
     }
 
-    fn all_reduce_held<'a, T: NcclType>(
-        &'a self,
-        send: &'a DeviceBuffer<T>,
+    /// Issues `call` on `stream`, writing `recv`: checks that the stream and the buffers are on
+    /// this rank's device and that the lengths (or the root) fit the call, takes the buffers'
+    /// device-pointer guards and makes the NCCL call. The guards are returned: dropping them
+    /// records the work on the buffers, so a [`Group`] keeps them until `ncclGroupEnd`.
+    fn launch<'a, T: NcclType>(
+        &self,
+        call: Call<'a, T>,
         recv: &'a mut DeviceBuffer<T>,
-        op: ReduceOp,
-        stream: &'a Stream,
-    ) -> Result<Held<'a>> {
-        const OP: &str = "ncclAllReduce";
-        self.check_stream(OP, stream)?;
-        self.check_device(OP, "send buffer", send.device())?;
-        self.check_device(OP, "receive buffer", recv.device())?;
-        if send.len() != recv.len() {
-            return Err(Error::Misuse(format!(
-                "{OP}: send has {} elements, receive {}",
+        stream: &Stream,
+    ) -> Result<Guards<'a, T>> {
+        let (op, send) = match call {
+            Call::AllReduce {
+                send: Some(send), ..
+            } => ("ncclAllReduce", Some(send)),
+            Call::AllReduce { send: None, .. } => ("ncclAllReduce (in place)", None),
+            Call::AllGather { send } => ("ncclAllGather", Some(send)),
+            Call::BroadcastInPlace { .. } => ("ncclBroadcast (in place)", None),
+        };
+        self.check_stream(op, stream)?;
+        match send {
+            Some(send) => {
+                self.check_device(op, "send buffer", send.device())?;
+                self.check_device(op, "receive buffer", recv.device())?;
+            }
+            None => self.check_device(op, "buffer", recv.device())?,
+        }
+        let misfit = match call {
+            Call::AllReduce {
+                send: Some(send), ..
+            } if send.len() != recv.len() => Some(format!(
+                "send has {} elements, receive {}",
                 send.len(),
                 recv.len()
-            )));
+            )),
+            Call::AllGather { send }
+                if send.len().checked_mul(self.nranks as usize) != Some(recv.len()) =>
+            {
+                Some(format!(
+                    "the receive buffer needs {} ranks x {} elements, has {}",
+                    self.nranks,
+                    send.len(),
+                    recv.len()
+                ))
+            }
+            Call::BroadcastInPlace { root } if root < 0 || root >= self.nranks => {
+                Some(format!("root {root} is not in 0..{}", self.nranks))
+            }
+            _ => None,
+        };
+        if let Some(why) = misfit {
+            return Err(Error::Misuse(format!("{op}: {why}")));
         }
-        let s = send.device_ptr(stream)?;
+        let s = send.map(|s| s.device_ptr(stream)).transpose()?;
         let r = recv.device_ptr_mut(stream)?;
-        let (sp, rp, count) = (s.as_ptr().cast(), r.as_mut_ptr().cast(), s.len());
-        // SAFETY: both addresses cover `count` elements of live device memory on the comm's
-        // device; the guards order `stream` after conflicting work and record the collective
-        // when they drop (after the call, or after `ncclGroupEnd` in a group).
-        let code = unsafe {
-            (self.nccl.fns.all_reduce)(
-                sp,
-                rp,
-                count,
-                T::DATATYPE,
-                op.raw(),
-                self.raw,
-                stream.as_raw().cast(),
-            )
+        let rp = r.as_mut_ptr().cast::<c_void>();
+        // In place, NCCL reads the buffer it writes.
+        let (sp, count) = match &s {
+            Some(s) => (s.as_ptr().cast::<c_void>(), s.len()),
+            None => (rp.cast_const(), r.len()),
         };
-        self.nccl
-            .check(code, self.raw, || format!("{OP}({count} elements, {op:?})"))?;
-        Ok(Held(vec![Box::new(s), Box::new(r)]))
-    }
-
-    fn all_reduce_in_place_held<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut DeviceBuffer<T>,
-        op: ReduceOp,
-        stream: &'a Stream,
-    ) -> Result<Held<'a>> {
-        const OP: &str = "ncclAllReduce (in place)";
-        self.check_stream(OP, stream)?;
-        self.check_device(OP, "buffer", buf.device())?;
-        let b = buf.device_ptr_mut(stream)?;
-        let (p, count) = (b.as_mut_ptr().cast::<c_void>(), b.len());
-        // SAFETY: as in `all_reduce_held`; NCCL allows send == recv (in place).
+        let (fns, comm, st) = (&self.nccl.fns, self.raw, stream.as_raw().cast());
+        // SAFETY: `sp` and `rp` are the addresses of the guards above, of live buffers on the
+        // comm's device (checked above). `sp` covers `count` elements; `rp` covers `count` too
+        // (all-reduce: lengths checked equal; in place: the same buffer), or `nranks * count`
+        // for the all-gather (checked above). NCCL allows send == recv (in place) for
+        // all-reduce and broadcast. The guards order `stream` after conflicting work and record
+        // the collective when they drop (after the call, or after `ncclGroupEnd` in a group).
         let code = unsafe {
-            (self.nccl.fns.all_reduce)(
-                p,
-                p,
-                count,
-                T::DATATYPE,
-                op.raw(),
-                self.raw,
-                stream.as_raw().cast(),
-            )
+            match call {
+                Call::AllReduce { op, .. } => {
+                    (fns.all_reduce)(sp, rp, count, T::DATATYPE, op.raw(), comm, st)
+                }
+                Call::AllGather { .. } => (fns.all_gather)(sp, rp, count, T::DATATYPE, comm, st),
+                Call::BroadcastInPlace { root } => {
+                    (fns.broadcast)(sp, rp, count, T::DATATYPE, root, comm, st)
+                }
+            }
         };
-        self.nccl
-            .check(code, self.raw, || format!("{OP}({count} elements, {op:?})"))?;
-        Ok(Held(vec![Box::new(b)]))
-    }
-
-    fn all_gather_held<'a, T: NcclType>(
-        &'a self,
-        send: &'a DeviceBuffer<T>,
-        recv: &'a mut DeviceBuffer<T>,
-        stream: &'a Stream,
-    ) -> Result<Held<'a>> {
-        const OP: &str = "ncclAllGather";
-        self.check_stream(OP, stream)?;
-        self.check_device(OP, "send buffer", send.device())?;
-        self.check_device(OP, "receive buffer", recv.device())?;
-        let want = send.len().checked_mul(self.nranks as usize);
-        if want != Some(recv.len()) {
-            return Err(Error::Misuse(format!(
-                "{OP}: the receive buffer needs {} ranks x {} elements, has {}",
-                self.nranks,
-                send.len(),
-                recv.len()
-            )));
-        }
-        let s = send.device_ptr(stream)?;
-        let r = recv.device_ptr_mut(stream)?;
-        let (sp, rp, count) = (s.as_ptr().cast(), r.as_mut_ptr().cast(), s.len());
-        // SAFETY: `sp` covers `count` elements, `rp` `nranks * count` (checked above), live on
-        // the comm's device; the guards order and record the work as in `all_reduce_held`.
-        let code = unsafe {
-            (self.nccl.fns.all_gather)(sp, rp, count, T::DATATYPE, self.raw, stream.as_raw().cast())
-        };
-        self.nccl.check(code, self.raw, || {
-            format!("{OP}({count} elements per rank)")
+        self.nccl.check(code, comm, || match call {
+            Call::AllReduce { op: red, .. } => format!("{op}({count} elements, {red:?})"),
+            Call::AllGather { .. } => format!("{op}({count} elements per rank)"),
+            Call::BroadcastInPlace { root } => format!("{op}({count} elements, root {root})"),
         })?;
-        Ok(Held(vec![Box::new(s), Box::new(r)]))
-    }
-
-    fn broadcast_held<'a, T: NcclType>(
-        &'a self,
-        buf: &'a mut DeviceBuffer<T>,
-        root: i32,
-        stream: &'a Stream,
-    ) -> Result<Held<'a>> {
-        const OP: &str = "ncclBroadcast (in place)";
-        self.check_stream(OP, stream)?;
-        self.check_device(OP, "buffer", buf.device())?;
-        if root < 0 || root >= self.nranks {
-            return Err(Error::Misuse(format!(
-                "{OP}: root {root} is not in 0..{}",
-                self.nranks
-            )));
-        }
-        let b = buf.device_ptr_mut(stream)?;
-        let (p, count) = (b.as_mut_ptr().cast::<c_void>(), b.len());
-        // SAFETY: `p` covers `count` elements on the comm's device; in place is allowed.
-        let code = unsafe {
-            (self.nccl.fns.broadcast)(
-                p,
-                p,
-                count,
-                T::DATATYPE,
-                root,
-                self.raw,
-                stream.as_raw().cast(),
-            )
-        };
-        self.nccl.check(code, self.raw, || {
-            format!("{OP}({count} elements, root {root})")
-        })?;
-        Ok(Held(vec![Box::new(b)]))
+        Ok(Guards { _send: s, _recv: r })
     }
 
     /// Registers `buf` with this communicator (`ncclCommRegister`, NCCL 2.19+), which lets
@@ -988,7 +958,7 @@ impl<T: NcclType> Drop for Registered<'_, T> {
     }
 }
 
-/// [`Comm::check_direct`] on a communicator's fields (apart, to be tested without NCCL).
+/// [`Comm::direct`]'s refusal, on a communicator's fields (apart, to be tested without NCCL).
 fn refuse_direct(op: &str, grouped_only: bool, nranks: i32) -> Result<()> {
     refuse_in_group(op)?;
     if grouped_only && nranks > 1 {
@@ -1003,11 +973,30 @@ fn refuse_direct(op: &str, grouped_only: bool, nranks: i32) -> Result<()> {
     Ok(())
 }
 
-/// The device-pointer guards of one queued collective, kept until NCCL has queued it.
-/// Never read: holding the guards is the point, and dropping them records the work.
-struct Held<'a>(#[allow(dead_code)] Vec<Box<dyn Guard + 'a>>);
+/// A collective as [`Comm::launch`] issues it: the NCCL call, its input where that is not
+/// the buffer it writes, and its other arguments.
+#[derive(Clone, Copy)]
+enum Call<'a, T: NcclType> {
+    /// `ncclAllReduce` from `send`, of the same length as the buffer written, or in place.
+    AllReduce {
+        send: Option<&'a DeviceBuffer<T>>,
+        op: ReduceOp,
+    },
+    /// `ncclAllGather` from `send`; the buffer written holds `nranks * send.len()`.
+    AllGather { send: &'a DeviceBuffer<T> },
+    /// `ncclBroadcast` in place, from rank `root`'s buffer.
+    BroadcastInPlace { root: i32 },
+}
 
-/// Any guard (type-erased so that one group can hold guards of several element types).
+/// The device-pointer guards of one collective, kept until NCCL has queued it.
+/// Never read: holding the guards is the point, and dropping them records the work.
+struct Guards<'a, T> {
+    _send: Option<DeviceRead<'a, T>>,
+    _recv: DeviceWrite<'a, T>,
+}
+
+/// Any value: [`Guards`] type-erased, so that one group can hold guards of several element
+/// types.
 trait Guard {}
 impl<T> Guard for T {}
 
@@ -1090,7 +1079,7 @@ impl Drop for OpenGroup {
 /// # Ok(()) }
 /// ```
 pub struct Group<'a> {
-    held: Vec<Held<'a>>,
+    held: Vec<Box<dyn Guard + 'a>>,
     nccl: &'static Nccl,
     /// `Some` until `ncclGroupEnd` (not `Send`: an NCCL group is per thread, as is the
     /// current device).
@@ -1133,9 +1122,15 @@ impl<'a> Group<'a> {
         op: ReduceOp,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.all_reduce_held(send, mut_of(recv), op, stream))?;
-        self.held.push(h);
-        Ok(())
+        self.queue(
+            comm,
+            Call::AllReduce {
+                send: Some(send),
+                op,
+            },
+            mut_of(recv),
+            stream,
+        )
     }
 
     /// [`Comm::all_reduce_in_place`] inside the group.
@@ -1146,9 +1141,12 @@ impl<'a> Group<'a> {
         op: ReduceOp,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.all_reduce_in_place_held(mut_of(buf), op, stream))?;
-        self.held.push(h);
-        Ok(())
+        self.queue(
+            comm,
+            Call::AllReduce { send: None, op },
+            mut_of(buf),
+            stream,
+        )
     }
 
     /// [`Comm::all_gather`] inside the group.
@@ -1159,9 +1157,7 @@ impl<'a> Group<'a> {
         recv: &'a mut B,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.all_gather_held(send, mut_of(recv), stream))?;
-        self.held.push(h);
-        Ok(())
+        self.queue(comm, Call::AllGather { send }, mut_of(recv), stream)
     }
 
     /// [`Comm::broadcast_in_place`] inside the group.
@@ -1172,8 +1168,19 @@ impl<'a> Group<'a> {
         root: i32,
         stream: &'a Stream,
     ) -> Result<()> {
-        let h = restoring(|| comm.broadcast_held(mut_of(buf), root, stream))?;
-        self.held.push(h);
+        self.queue(comm, Call::BroadcastInPlace { root }, mut_of(buf), stream)
+    }
+
+    /// [`Comm::launch`] in the group: its guards are kept until `ncclGroupEnd`.
+    fn queue<T: NcclType>(
+        &mut self,
+        comm: &'a Comm,
+        call: Call<'a, T>,
+        recv: &'a mut DeviceBuffer<T>,
+        stream: &'a Stream,
+    ) -> Result<()> {
+        let guards = restoring(|| comm.launch(call, recv, stream))?;
+        self.held.push(Box::new(guards));
         Ok(())
     }
 
