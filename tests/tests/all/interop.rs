@@ -21,10 +21,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::{first_not_written, pattern};
+use crate::{first_not_written, pattern, SPIN};
 
-/// How long the slow kernel holds its stream.
-const SPIN: u64 = 300_000_000;
 /// Elements per buffer: 16 MiB of `u32`.
 const N: usize = 4 << 20;
 
