@@ -258,23 +258,23 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     b.check(f);
 }
 
+/// Runs `f` on a new model thread with its own handle to the world.
+fn spawn(w: &Arc<World>, f: impl FnOnce(Arc<World>) + Send + 'static) -> thread::JoinHandle<()> {
+    let w = w.clone();
+    thread::spawn(move || f(w))
+}
+
 /// The failure of the old fence: two threads copy out of one buffer on two streams (reads);
 /// afterwards a host write must wait for both.
 #[test]
 fn readers_on_two_threads_then_a_host_write_waits_for_both() {
     model(|| {
         let w = World::new(2);
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(0, ALL, Access::Read))
-        };
-        let b = {
-            let w = w.clone();
-            thread::spawn(move || {
-                w.queue(1, ALL, Access::Read);
-                w.queue(1, ALL, Access::Read);
-            })
-        };
+        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
+        let b = spawn(&w, |w| {
+            w.queue(1, ALL, Access::Read);
+            w.queue(1, ALL, Access::Read);
+        });
         a.join().unwrap();
         b.join().unwrap();
         w.host(Access::Write);
@@ -289,14 +289,8 @@ fn host_reads_beside_gpu_readers_then_a_writer() {
     model(|| {
         let w = World::new(3);
         w.queue(2, ALL, Access::Write);
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(0, ALL, Access::Read))
-        };
-        let b = {
-            let w = w.clone();
-            thread::spawn(move || w.host(Access::Read))
-        };
+        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
+        let b = spawn(&w, |w| w.host(Access::Read));
         w.queue(1, (0, 32), Access::Read);
         a.join().unwrap();
         b.join().unwrap();
@@ -311,14 +305,8 @@ fn host_reads_beside_gpu_readers_then_a_writer() {
 fn disjoint_writers_then_readers() {
     model(|| {
         let w = World::new(3);
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(0, (0, 32), Access::Write))
-        };
-        let b = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(1, (32, 64), Access::Write))
-        };
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
         a.join().unwrap();
         b.join().unwrap();
         w.queue(2, (0, 64), Access::Read);
@@ -342,14 +330,8 @@ fn failing_records_leave_nothing_unseen() {
         let w = World::new(2);
         w.queue(0, ALL, Access::Write);
         w.gpu.lock().unwrap().fail_records = 2;
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(1, ALL, Access::Read))
-        };
-        let b = {
-            let w = w.clone();
-            thread::spawn(move || w.host(Access::Read))
-        };
+        let a = spawn(&w, |w| w.queue(1, ALL, Access::Read));
+        let b = spawn(&w, |w| w.host(Access::Read));
         a.join().unwrap();
         b.join().unwrap();
         w.host(Access::Write);
@@ -389,10 +371,7 @@ fn many_streams_are_pruned_without_losing_pending_work() {
         for s in 0..10 {
             w.queue(s, (s, s + 1), Access::Read);
         }
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(10, (3, 4), Access::Read))
-        };
+        let a = spawn(&w, |w| w.queue(10, (3, 4), Access::Read));
         a.join().unwrap();
         w.queue(11, ALL, Access::Write);
         w.host(Access::Write);
@@ -407,17 +386,11 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
     model(|| {
         let w = World::new(2);
         w.queue(0, ALL, Access::Write);
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(0, ALL, Access::Read))
-        };
-        let b = {
-            let w = w.clone();
-            thread::spawn(move || {
-                w.queue(1, ALL, Access::Read);
-                w.host(Access::Read);
-            })
-        };
+        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
+        let b = spawn(&w, |w| {
+            w.queue(1, ALL, Access::Read);
+            w.host(Access::Read);
+        });
         a.join().unwrap();
         b.join().unwrap();
         w.queue(1, ALL, Access::Write);
@@ -435,17 +408,11 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
 fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
     model(|| {
         let mut w = World::pooled(3);
-        let a = {
-            let w = w.clone();
-            thread::spawn(move || w.queue(1, ALL, Access::Read))
-        };
-        let b = {
-            let w = w.clone();
-            thread::spawn(move || {
-                w.queue(2, (0, 32), Access::Read);
-                w.host(Access::Read);
-            })
-        };
+        let a = spawn(&w, |w| w.queue(1, ALL, Access::Read));
+        let b = spawn(&w, |w| {
+            w.queue(2, (0, 32), Access::Read);
+            w.host(Access::Read);
+        });
         a.join().unwrap();
         b.join().unwrap();
         // Drop: the owner is the only one left.
@@ -463,10 +430,7 @@ fn pooled_allocation_freed_before_or_after_its_lazy_mark_is_entered() {
         World::free_pooled(&mut World::pooled(2));
 
         let mut w = World::pooled(2);
-        let reader = {
-            let w = w.clone();
-            thread::spawn(move || w.host(Access::Read))
-        };
+        let reader = spawn(&w, |w| w.host(Access::Read));
         reader.join().unwrap();
         World::free_pooled(&mut w);
     });

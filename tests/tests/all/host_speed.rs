@@ -3,7 +3,7 @@
 //! staged pageable copies (bit-exact at odd lengths and offsets, ordered after pending GPU
 //! work, an error midway is the call's error and leaks no staging buffer).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cuda_mem::{
     copy, copy_async, copy_range, copy_staged, pointer_info, DeviceBuffer, ErrorCode,
@@ -13,12 +13,7 @@ use cuda_mem::{
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::gpu_or_skip;
 
-use crate::pattern;
-
-/// A held stream stays busy this long (ns).
-const SPIN: u64 = 300_000_000;
-/// A call that returns within this did not wait for the held stream.
-const QUICK: Duration = Duration::from_millis(50);
+use crate::{pattern, QUICK, SPIN};
 
 #[test]
 fn pinned_pool_reuses_blocks_by_size_class_and_flags() {

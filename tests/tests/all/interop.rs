@@ -21,10 +21,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::{first_not_written, pattern};
+use crate::{first_not_written, pattern, SPIN};
 
-/// How long the slow kernel holds its stream.
-const SPIN: u64 = 300_000_000;
 /// Elements per buffer: 16 MiB of `u32`.
 const N: usize = 4 << 20;
 
@@ -61,17 +59,18 @@ fn cudarc_spin(s: &Arc<CudaStream>, m: &Arc<CudaModule>) {
     unsafe { l.launch(one_thread()) }.unwrap();
 }
 
-/// cudarc's fence honoured by cuda-mem: a cudarc kernel writes a `CudaSlice` on stream A
-/// behind a slow kernel; a cuda-mem copy of it on stream B, through a `CudarcView`, sees the
-/// finished write. The slice belongs to B, so only cudarc's write event orders B after A.
-#[test]
-fn a_cuda_mem_copy_on_another_stream_waits_for_a_long_cudarc_write() {
-    let dev = gpu_or_skip!();
-    let (ctx, m) = cudarc_setup(dev);
-    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+/// A zeroed `CudaSlice` of [`N`] `u32` that belongs to stream `b`, then written whole by
+/// `cm_write` through cudarc on stream `a`, behind [`cudarc_spin`]: the write is still pending
+/// on return, and only cudarc's write event (recorded by the launch) orders other streams,
+/// `b` included, after it.
+fn cudarc_slow_write(
+    a: &Arc<CudaStream>,
+    b: &Arc<CudaStream>,
+    m: &Arc<CudaModule>,
+) -> CudaSlice<u32> {
     let mut z: CudaSlice<u32> = b.alloc_zeros(N).unwrap();
     b.synchronize().unwrap();
-    cudarc_spin(&a, &m);
+    cudarc_spin(a, m);
     let write = m.load_function("cm_write").unwrap();
     let words = (N / 4) as u64;
     let mut l = a.launch_builder(&write);
@@ -80,6 +79,18 @@ fn a_cuda_mem_copy_on_another_stream_waits_for_a_long_cudarc_write() {
     // the launch on z's write event.
     unsafe { l.launch(grid()) }.unwrap();
     drop(l);
+    z
+}
+
+/// cudarc's fence honoured by cuda-mem: a cudarc kernel writes a `CudaSlice` on stream A
+/// behind a slow kernel; a cuda-mem copy of it on stream B, through a `CudarcView`, sees the
+/// finished write. The slice belongs to B, so only cudarc's write event orders B after A.
+#[test]
+fn a_cuda_mem_copy_on_another_stream_waits_for_a_long_cudarc_write() {
+    let dev = gpu_or_skip!();
+    let (ctx, m) = cudarc_setup(dev);
+    let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let z = cudarc_slow_write(&a, &b, &m);
     let mut back = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
     {
         let view = CudarcView::new(&z, &b).unwrap();
@@ -138,16 +149,7 @@ fn a_synchronous_copy_from_a_cudarc_view_waits_for_the_cudarc_write() {
     let dev = gpu_or_skip!();
     let (ctx, m) = cudarc_setup(dev);
     let (a, b) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let mut z: CudaSlice<u32> = b.alloc_zeros(N).unwrap();
-    b.synchronize().unwrap();
-    cudarc_spin(&a, &m);
-    let write = m.load_function("cm_write").unwrap();
-    let words = (N / 4) as u64;
-    let mut l = a.launch_builder(&write);
-    l.arg(&mut z).arg(&words);
-    // SAFETY: as in the first test: all of `z`, recorded on its write event.
-    unsafe { l.launch(grid()) }.unwrap();
-    drop(l);
+    let z = cudarc_slow_write(&a, &b, &m);
     let view = CudarcView::new(&z, &b).unwrap();
     cuda_mem_tests::still_pending(
         !stream(&a).unwrap().is_idle().unwrap(),
@@ -307,8 +309,9 @@ fn a_cudarc_stream_lives_as_long_as_cuda_mem_needs_it() {
     let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
     probes.spin(SPIN, &s).unwrap();
     copy_async(&mut d, &src, &s).unwrap();
-    drop((s, a)); // the buffers' fences hold the last handles
-                  // Waiting records an event on the stream: it must still exist.
+    // The buffers' fences hold the last handles; waiting records an event on the stream, so
+    // it must still exist.
+    drop((s, a));
     assert!(d.to_vec().unwrap() == data);
 
     let a = ctx.new_stream().unwrap();

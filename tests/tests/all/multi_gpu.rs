@@ -54,6 +54,18 @@ fn on<T>(d: Device, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Queues `cm_write` over all of `buf` on `s` (of the current device) behind 50 ms of
+/// `cm_spin`, through a write guard taken first: the write stays pending ~50 ms after return;
+/// the guard has recorded it on `buf`, so later work on `buf` must be ordered after it.
+fn slow_write(probes: &Probes, buf: &mut DeviceBuffer<u32>, s: &Stream) {
+    let w = buf.device_ptr_mut(s).unwrap();
+    let bytes = 4 * w.len();
+    probes.spin(50_000_000, s).unwrap();
+    // SAFETY: the guard covers all `bytes` of `buf` (allocations are 256-byte aligned; `write`
+    // refuses a length that is not whole 16-byte words), used on its stream while it lives.
+    unsafe { probes.write(w.as_mut_ptr().cast(), bytes, s) }.unwrap();
+}
+
 #[test]
 fn every_buffer_stream_and_event_knows_its_device() {
     let (d0, d1) = two_gpus_or_skip!("every_buffer_stream_and_event_knows_its_device");
@@ -307,12 +319,7 @@ fn a_pool_of_device_zero_is_read_and_written_by_kernels_of_device_one() {
     // Dropped while device 1's slow write is still queued: the free on device 0's stream waits
     // for it on the device, so once s0 has reached the free, s1 is done too.
     let mut buf = DeviceBuffer::<u32>::from_pool(&pool, 4 * words, &s0).unwrap();
-    {
-        let w = buf.device_ptr_mut(&s1).unwrap();
-        probes.spin(50_000_000, &s1).unwrap(); // 50 ms
-                                               // SAFETY: as above.
-        unsafe { probes.write(w.as_mut_ptr().cast(), 16 * words, &s1) }.unwrap();
-    }
+    slow_write(&probes, &mut buf, &s1);
     drop(buf);
     s0.synchronize().unwrap();
     assert!(
@@ -390,12 +397,7 @@ fn peer_copies_wait_for_pending_work_on_both_buffers() {
     let mut src = on(d0, || DeviceBuffer::from_slice(&pattern(n, 1))).unwrap();
     let mut dst = on(d1, || DeviceBuffer::from_slice(&pattern(n, 2))).unwrap();
     let (s0, s1) = (Stream::on(d0, true).unwrap(), Stream::on(d1, true).unwrap());
-    on(d0, || {
-        let w = src.device_ptr_mut(&s0).unwrap();
-        p0.spin(50_000_000, &s0).unwrap();
-        // SAFETY: the guard's address covers `words` 16-byte words, on its stream.
-        unsafe { p0.write(w.as_mut_ptr().cast(), 16 * words, &s0) }.unwrap();
-    });
+    on(d0, || slow_write(&p0, &mut src, &s0));
     copy_peer_async(&mut dst, &src, &s1).unwrap();
     assert_eq!(
         dst.to_vec().unwrap(),
@@ -405,12 +407,7 @@ fn peer_copies_wait_for_pending_work_on_both_buffers() {
     // Destination side: a slow kernel on device 1 writes dst; a copy into dst on a device-0
     // stream must land after it (else the kernel overwrites the copy).
     let fresh = on(d0, || DeviceBuffer::from_slice(&pattern(n, 3))).unwrap();
-    on(d1, || {
-        let w = dst.device_ptr_mut(&s1).unwrap();
-        p1.spin(50_000_000, &s1).unwrap();
-        // SAFETY: as above.
-        unsafe { p1.write(w.as_mut_ptr().cast(), 16 * words, &s1) }.unwrap();
-    });
+    on(d1, || slow_write(&p1, &mut dst, &s1));
     copy_peer_async(&mut dst, &fresh, &s0).unwrap();
     assert_eq!(
         dst.to_vec().unwrap(),
@@ -451,12 +448,7 @@ fn staged_copies_through_host_memory_move_exact_data() {
         let mut src = on(a, || DeviceBuffer::<u32>::zeroed(4 * words)).unwrap();
         let pa = on(a, || Probes::load().unwrap());
         let sa = Stream::on(a, true).unwrap();
-        on(a, || {
-            let w = src.device_ptr_mut(&sa).unwrap();
-            pa.spin(50_000_000, &sa).unwrap();
-            // SAFETY: the guard's address covers `words` words, on its stream.
-            unsafe { pa.write(w.as_mut_ptr().cast(), 16 * words, &sa) }.unwrap();
-        });
+        on(a, || slow_write(&pa, &mut src, &sa));
         let mut dst = DeviceBuffer::<u32>::zeroed_on(b, 4 * words);
         staged.copy(&mut dst, &src).unwrap();
         assert_eq!(

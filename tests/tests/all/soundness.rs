@@ -13,9 +13,7 @@ use cuda_mem::{
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{eventually, gpu_or_skip};
 
-use crate::pattern;
-
-const SPIN: u64 = 300_000_000; // ns a held stream stays busy
+use crate::{pattern, SPIN};
 
 fn last_error() -> sys::cudaError_t {
     // SAFETY: no arguments; reads the thread's error state without resetting it.

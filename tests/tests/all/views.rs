@@ -12,9 +12,7 @@ use cuda_mem::{
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{eventually, gpu_or_skip};
 
-use crate::{first_not_written, pattern};
-
-const SPIN: u64 = 300_000_000;
+use crate::{first_not_written, pattern, SPIN};
 
 /// Two halves of one buffer, written on two streams, one held by a slow kernel: the other
 /// half's copy does not wait for it, and both land.
