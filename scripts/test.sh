@@ -54,7 +54,7 @@ if cargo +nightly miri --version >/dev/null 2>&1; then
   cargo +nightly miri test -p cuda-mem --lib -- \
     size:: error::tests copy::tests managed::tests pinned::tests kernel::tests fence:: \
     pinned_pool::tests staged::tests::chunks_scale pinning::tests::shares \
-    pinning::tests::auto
+    pinning::tests::auto pool::tests
   # A pooled buffer's whole bookkeeping (handles, fence, free ordering) on stand-in handles.
   cargo +nightly miri test -p cuda-mem --features testing --lib -- testing::
 else

@@ -622,3 +622,37 @@ pub(crate) fn alloc_with(
     let fence = Fence::marked(stream, (0, bytes), Access::Write);
     Ok((ptr, Pooled { pool: pool.clone() }, fence))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::raw::c_void;
+
+    use super::Pooled;
+    use crate::error::{Error, Misuse};
+    use crate::fence::Fence;
+
+    /// A free through a fence that holds no allocation stream (only a fence made by
+    /// `alloc_with` has one) is refused with the exact misuse, before any runtime call: the
+    /// memory is then leaked, never freed on a guessed stream.
+    #[test]
+    fn a_free_without_its_allocation_stream_is_refused() {
+        let mut fence = Fence::default();
+        let mut called = false;
+        let ptr = std::ptr::NonNull::<u64>::dangling()
+            .as_ptr()
+            .cast::<c_void>();
+        let e = Pooled::free_with(ptr, 64, &mut fence, |_, _| {
+            called = true;
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(!called, "the free was queued");
+        match e {
+            Error::Misuse(Misuse::InvalidArgument { op, reason }) => {
+                assert_eq!(op, "free");
+                assert_eq!(reason, "a pooled buffer without its allocation stream");
+            }
+            e => panic!("unexpected error: {e:?}"),
+        }
+    }
+}

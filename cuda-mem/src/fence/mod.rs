@@ -249,4 +249,19 @@ mod tests {
             "record + wait for the other stream's read"
         );
     }
+
+    /// A buffer handed back to a cache (`retire`) after a `begin` whose `end` never came (its
+    /// guard leaked with `mem::forget`, which safe code may do) still yields the event of its
+    /// work, and does not panic (it is called from drop).
+    #[test]
+    fn retire_after_a_leaked_guard_records_and_does_not_panic() {
+        let s = Arc::new(0);
+        let t = Tracker::<Counting>::default();
+        t.begin(&s, (0, 64), Access::Write).unwrap();
+        // No `end`: the guard was leaked.
+        let events = t.retire().unwrap();
+        assert_eq!(events.len(), 1, "the queued work's event");
+        assert_eq!(CALLS.with(Cell::get), 1, "one record");
+        assert!(t.is_idle(), "the tracker is empty afterwards");
+    }
 }
