@@ -421,12 +421,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .join("; ")
         );
     }
-    if args.thresholds.fail_on_regression && regressed > 0 {
-        anyhow::bail!(
-            "{regressed} figure(s) regressed against the baseline (--fail-on-regression)"
-        );
-    }
-    Ok(())
+    compare::check_regressions(&args.thresholds, regressed)
 }
 
 /// Reads a saved `bench --json` file.
@@ -454,10 +449,9 @@ fn write_outputs(
     let svg_text = svg::copy_plot(&doc);
     let mut regressed = 0;
     if let Some((name, old)) = baseline {
-        let noise = args.thresholds.noise_threshold / 100.0;
-        let changes = compare::compare(&doc, old, noise);
-        regressed = compare::regressions(&changes);
-        text.push_str(&compare::report(&changes, name, noise));
+        let (report, n) = compare::against(&doc, old, name, &args.thresholds);
+        text.push_str(&report);
+        regressed = n;
     }
     if let Some(dir) = &args.out_dir {
         std::fs::create_dir_all(dir)
