@@ -8,7 +8,7 @@ use cuda_mem::{
     PinnedBuffer, RegisteredSlice, Result,
 };
 
-use super::{attempt, progress, raw, Config, Ctx, Paired};
+use super::{attempt, progress, raw, sample_pairs, Config, Ctx, Order, Paired};
 use crate::results::{AllocRow, BenchResults, ALLOC_KINDS};
 use crate::units::fmt_size;
 
@@ -70,13 +70,9 @@ fn measure(kind: &str, bytes: usize, reps: u32) -> Result<Paired> {
         f(kind, bytes, &mut host)?;
         Ok(t.elapsed().as_secs_f64() * 1e6)
     };
-    time(ours)?;
-    time(raw_path)?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..reps {
-        a.push(time(ours)?);
-        b.push(time(raw_path)?);
-    }
+    let (a, b) = sample_pairs(reps, Order::OursFirst, |o| {
+        time(if o { ours } else { raw_path })
+    })?;
     Ok(Paired::new(&a, &b))
 }
 

@@ -26,11 +26,11 @@ use cuda_mem::{
 };
 use cuda_mem_nccl::{bus_bandwidth, Collective, Comm, Group, ReduceOp};
 
-use super::{interquartile_mean, progress, raw, Config};
+use super::{interquartile_mean, progress, raw, sample_pairs, Config, Order};
 use crate::results::{BenchResults, Check, MultiRow, NO_SPREAD};
 use crate::units::{gbps, median};
 
-const SAMPLES: usize = 11;
+const SAMPLES: u32 = 11;
 
 /// Runs the two-GPU measurements when there are two devices; a progress line otherwise.
 pub fn run(cfg: &Config, res: &mut BenchResults) -> anyhow::Result<()> {
@@ -74,25 +74,17 @@ fn event_time(s: &Stream, op: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     Ok(f64::from(Event::elapsed_ms(&a, &b)?) * 1e-3)
 }
 
-/// Interleaved samples of ours and raw: (median ours, median raw, IQM of raw/ours).
+/// Samples of ours and raw in alternating pairs: (median ours, median raw, IQM of raw/ours).
 fn paired(
-    samples: usize,
+    samples: u32,
     ours: &mut dyn FnMut() -> Result<f64>,
     raw: &mut dyn FnMut() -> Result<f64>,
 ) -> Result<(f64, f64, f64)> {
-    ours()?;
-    raw()?;
-    let (mut o, mut r) = (Vec::new(), Vec::new());
-    for i in 0..samples {
-        // Alternate which goes first, so that neither always follows the other.
-        if i % 2 == 0 {
-            o.push(ours()?);
-            r.push(raw()?);
-        } else {
-            r.push(raw()?);
-            o.push(ours()?);
-        }
-    }
+    let (o, r) = sample_pairs(
+        samples,
+        Order::Alternate,
+        |o| if o { ours() } else { raw() },
+    )?;
     let ratios: Vec<f64> = r.iter().zip(&o).map(|(r, o)| r / o).collect();
     Ok((median(&o), median(&r), interquartile_mean(&ratios)))
 }

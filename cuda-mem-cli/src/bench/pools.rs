@@ -31,7 +31,7 @@ use std::time::Instant;
 use cuda_mem::{copy_async, copy_range, sys, DeviceBuffer, HostAllocFlags, MemPool, PinnedBuffer};
 use cuda_mem::{Result, Stream};
 
-use super::{attempt, copies, progress, raw, reps_for, Config, Ctx, Paired};
+use super::{attempt, copies, progress, raw, reps_for, sample_pairs, Config, Ctx, Order, Paired};
 use crate::results::{AllocRow, BenchResults};
 use crate::units::{fmt_size, MIB};
 
@@ -129,13 +129,9 @@ fn measure(
         stream.synchronize()?;
         Ok(us)
     };
-    time(ours)?;
-    time(raw)?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..samples {
-        a.push(time(ours)?);
-        b.push(time(raw)?);
-    }
+    let (a, b) = sample_pairs(samples, Order::OursFirst, |o| {
+        time(if o { &mut *ours } else { &mut *raw })
+    })?;
     Ok(Paired::new(&a, &b))
 }
 
