@@ -436,7 +436,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if on("multi") {
         bar::stage("two GPUs", 1);
-        multi::run(&cfg, &mut res)?;
+        multi::run(&mut res)?;
     }
     bar::done();
     res.seconds = t0.elapsed().as_secs_f64();
