@@ -76,6 +76,31 @@ fn measure(kind: &str, bytes: usize, reps: u32) -> Result<Paired> {
     Ok(Paired::new(&a, &b))
 }
 
+/// Records `r`, the alloc + free figure of `kind` at `bytes` over `reps` pairs: a row, or the
+/// kind's error entry.
+pub(super) fn record(
+    res: &mut BenchResults,
+    kind: &'static str,
+    bytes: u64,
+    reps: u32,
+    note: Option<&'static str>,
+    r: Result<Paired>,
+) -> Result<()> {
+    if let Some(t) = attempt(res, &[kind], "alloc", r)? {
+        res.allocs.push(AllocRow {
+            kind,
+            bytes,
+            reps,
+            us: t.ours,
+            raw_us: t.raw,
+            ratio: t.ratio,
+            spread: t.ours_q,
+            note,
+        });
+    }
+    Ok(())
+}
+
 /// Runs the allocation measurements.
 pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
     let (free, _) = ctx.device.mem_info()?;
@@ -96,18 +121,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
             } else {
                 measure(kind, bytes as usize, reps)
             };
-            if let Some(t) = attempt(res, &[kind], "alloc", r)? {
-                res.allocs.push(AllocRow {
-                    kind,
-                    bytes,
-                    reps,
-                    us: t.ours,
-                    raw_us: t.raw,
-                    ratio: t.ratio,
-                    spread: t.ours_q,
-                    note: note(kind),
-                });
-            }
+            record(res, kind, bytes, reps, note(kind), r)?;
         }
     }
     Ok(())
