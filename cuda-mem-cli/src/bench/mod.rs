@@ -409,7 +409,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if on("bidir") {
         let plan = bidir::sizes(&cfg);
         bar::stage("both ways", plan.len() as u64);
-        let r = bidir::run(&ctx, &cfg, &plan, &mut res);
+        let r = bidir::run(&cfg, &plan, &mut res);
         attempt(&mut res, &["pinned"], "bidirectional", r)?;
     }
     if on("kernels") {
