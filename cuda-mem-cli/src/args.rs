@@ -64,20 +64,32 @@ pub enum Output {
     File(PathBuf),
 }
 
+/// The default noise threshold, percent.
+const NOISE_THRESHOLD: f64 = 2.0;
+
 /// How a run is compared with a baseline.
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct Thresholds {
     /// Changes smaller than this (percent) are noise even when beyond the spread, as
     /// criterion's noise threshold.
-    #[arg(long, value_name = "PCT", default_value_t = 2.0, value_parser = percent)]
+    #[arg(long, value_name = "PCT", default_value_t = NOISE_THRESHOLD, value_parser = percent)]
     pub noise_threshold: f64,
     /// Exit with status 1 when a figure regressed.
     #[arg(long)]
     pub fail_on_regression: bool,
 }
 
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            noise_threshold: NOISE_THRESHOLD,
+            fail_on_regression: false,
+        }
+    }
+}
+
 /// The options of `bench`.
-#[derive(Debug, Clone, PartialEq, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Args)]
 pub struct BenchArgs {
     /// A short run (under 30 s): 5 sizes up to 64 MiB, 5 samples.
     #[arg(long)]
@@ -111,25 +123,6 @@ pub struct BenchArgs {
         "copies", "bidir", "kernels", "alloc", "pools", "calls", "host", "multi"
     ])]
     pub sections: Option<Vec<String>>,
-}
-
-impl Default for BenchArgs {
-    fn default() -> Self {
-        BenchArgs {
-            quick: false,
-            json: None,
-            svg: None,
-            sizes: None,
-            samples: None,
-            out_dir: None,
-            baseline: None,
-            thresholds: Thresholds {
-                noise_threshold: 2.0,
-                fail_on_regression: false,
-            },
-            sections: None,
-        }
-    }
 }
 
 /// The options of `compare`.

@@ -20,15 +20,18 @@ pub fn versions() -> Versions {
 /// Everything `info` lists about `d`.
 pub fn device_info(d: Device) -> cuda_mem::Result<DeviceInfo> {
     let (free, total) = d.mem_info()?;
+    let name = d.name()?;
+    let compute_capability = d.compute_capability()?;
+    let pci_bus_id = d.pci_bus_id()?;
     Ok(DeviceInfo {
         ordinal: d.ordinal(),
-        name: d.name()?,
-        compute_capability: d.compute_capability()?,
-        pci_bus_id: d.pci_bus_id()?,
+        name,
+        compute_capability,
         free_bytes: free as u64,
         total_bytes: total as u64,
         caps: d.memory_capabilities()?,
-        extra: extra(d, &d.pci_bus_id()?),
+        extra: extra(d, &pci_bus_id),
+        pci_bus_id,
     })
 }
 

@@ -57,15 +57,8 @@ fn main() -> ExitCode {
 /// `cuda-mem compare NEW BASELINE`.
 fn compare(a: &CompareArgs) -> anyhow::Result<()> {
     let (new, old) = (bench::load(&a.new)?, bench::load(&a.baseline)?);
-    let noise = a.thresholds.noise_threshold / 100.0;
-    let changes = report::compare::compare(&new, &old, noise);
-    let text = report::compare::report(&changes, &a.baseline.display().to_string(), noise);
+    let name = a.baseline.display().to_string();
+    let (text, regressed) = report::compare::against(&new, &old, &name, &a.thresholds);
     report::to_stdout(text.trim_start())?;
-    let regressed = report::compare::regressions(&changes);
-    if a.thresholds.fail_on_regression && regressed > 0 {
-        anyhow::bail!(
-            "{regressed} figure(s) regressed against the baseline (--fail-on-regression)"
-        );
-    }
-    Ok(())
+    report::compare::check_regressions(&a.thresholds, regressed)
 }

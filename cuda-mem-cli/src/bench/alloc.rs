@@ -8,7 +8,7 @@ use cuda_mem::{
     PinnedBuffer, RegisteredSlice, Result,
 };
 
-use super::{attempt, progress, raw, Config, Ctx, Paired};
+use super::{attempt, progress, raw, sample_pairs, Config, Ctx, Order, Paired};
 use crate::results::{AllocRow, BenchResults, ALLOC_KINDS};
 use crate::units::fmt_size;
 
@@ -70,14 +70,35 @@ fn measure(kind: &str, bytes: usize, reps: u32) -> Result<Paired> {
         f(kind, bytes, &mut host)?;
         Ok(t.elapsed().as_secs_f64() * 1e6)
     };
-    time(ours)?;
-    time(raw_path)?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..reps {
-        a.push(time(ours)?);
-        b.push(time(raw_path)?);
-    }
+    let (a, b) = sample_pairs(reps, Order::OursFirst, |o| {
+        time(if o { ours } else { raw_path })
+    })?;
     Ok(Paired::new(&a, &b))
+}
+
+/// Records `r`, the alloc + free figure of `kind` at `bytes` over `reps` pairs: a row, or the
+/// kind's error entry.
+pub(super) fn record(
+    res: &mut BenchResults,
+    kind: &'static str,
+    bytes: u64,
+    reps: u32,
+    note: Option<&'static str>,
+    r: Result<Paired>,
+) -> Result<()> {
+    if let Some(t) = attempt(res, &[kind], "alloc", r)? {
+        res.allocs.push(AllocRow {
+            kind,
+            bytes,
+            reps,
+            us: t.ours,
+            raw_us: t.raw,
+            ratio: t.ratio,
+            spread: t.ours_q,
+            note,
+        });
+    }
+    Ok(())
 }
 
 /// Runs the allocation measurements.
@@ -100,18 +121,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
             } else {
                 measure(kind, bytes as usize, reps)
             };
-            if let Some(t) = attempt(res, &[kind], "alloc", r)? {
-                res.allocs.push(AllocRow {
-                    kind,
-                    bytes,
-                    reps,
-                    us: t.ours,
-                    raw_us: t.raw,
-                    ratio: t.ratio,
-                    spread: t.ours_q,
-                    note: note(kind),
-                });
-            }
+            record(res, kind, bytes, reps, note(kind), r)?;
         }
     }
     Ok(())

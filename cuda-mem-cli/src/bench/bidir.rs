@@ -17,7 +17,7 @@ use cuda_mem::{
 };
 
 use super::copies::{compare, fill};
-use super::{progress, raw, reps_for, Config, Ctx, Paired};
+use super::{progress, raw, reps_for, Config, Paired};
 use crate::results::{BenchResults, BidirRow};
 use crate::units::{fmt_size, gbps, median, MIB};
 
@@ -68,7 +68,7 @@ fn sample(
 }
 
 /// Runs the bidirectional copies at each of `plan`'s sizes.
-pub fn run(_ctx: &Ctx, cfg: &Config, plan: &[u64], res: &mut BenchResults) -> Result<()> {
+pub fn run(cfg: &Config, plan: &[u64], res: &mut BenchResults) -> Result<()> {
     let max = plan.iter().copied().max().unwrap_or(0) as usize;
     let words = max / 8;
     let mut src = PinnedBuffer::<u64>::zeroed(words, HostAllocFlags::DEFAULT)?;
@@ -105,39 +105,22 @@ pub fn run(_ctx: &Ctx, cfg: &Config, plan: &[u64], res: &mut BenchResults) -> Re
                 Some(&s2),
             )
         };
+        let mut time = |reps, way, ours: bool| {
+            if ours {
+                sample(reps, way, streams, &mut ours_h2d, &mut ours_d2h)
+            } else {
+                sample(reps, way, streams, &mut raw_h2d, &mut raw_d2h)
+            }
+        };
         // Warm-up, then interleaved samples: ours both ways, raw both ways, each way alone.
-        sample(1, Way::Both, streams, &mut ours_h2d, &mut ours_d2h)?;
-        sample(1, Way::Both, streams, &mut raw_h2d, &mut raw_d2h)?;
+        time(1, Way::Both, true)?;
+        time(1, Way::Both, false)?;
         let (mut a, mut b, mut h, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..cfg.samples {
-            a.push(sample(
-                reps,
-                Way::Both,
-                streams,
-                &mut ours_h2d,
-                &mut ours_d2h,
-            )?);
-            b.push(sample(
-                reps,
-                Way::Both,
-                streams,
-                &mut raw_h2d,
-                &mut raw_d2h,
-            )?);
-            h.push(sample(
-                reps,
-                Way::H2d,
-                streams,
-                &mut ours_h2d,
-                &mut ours_d2h,
-            )?);
-            d.push(sample(
-                reps,
-                Way::D2h,
-                streams,
-                &mut ours_h2d,
-                &mut ours_d2h,
-            )?);
+            a.push(time(reps, Way::Both, true)?);
+            b.push(time(reps, Way::Both, false)?);
+            h.push(time(reps, Way::H2d, true)?);
+            d.push(time(reps, Way::D2h, true)?);
         }
         let t = Paired::new(&a, &b);
         let row = BidirRow {

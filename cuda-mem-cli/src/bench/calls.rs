@@ -11,7 +11,7 @@ use std::time::Instant;
 use cuda_mem::sys::cudaMemcpyKind as K;
 use cuda_mem::{copy_range_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Result, Stream};
 
-use super::{progress, raw, Config, Ctx, Gate, Paired};
+use super::{progress, raw, sample_pairs, Config, Ctx, Gate, Order, Paired};
 use crate::results::{BenchResults, CallRow, Check};
 
 /// Copy sizes of the loop: 1 to 20 KB.
@@ -58,22 +58,10 @@ impl Pair<'_> {
     }
 }
 
-/// `samples` interleaved pairs of `sample(true)` (ours) and `sample(false)` (raw), after one
-/// warm-up of each; which of the two runs first alternates from pair to pair, so that an
-/// advantage of going first or second cancels out.
-fn paired(samples: u32, mut sample: impl FnMut(bool) -> Result<f64>) -> Result<Paired> {
-    sample(true)?;
-    sample(false)?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for i in 0..samples.max(2) {
-        if i % 2 == 0 {
-            a.push(sample(true)?);
-            b.push(sample(false)?);
-        } else {
-            b.push(sample(false)?);
-            a.push(sample(true)?);
-        }
-    }
+/// `samples` (at least 2) pairs of `sample(true)` (ours) and `sample(false)` (raw), after one
+/// warm-up of each, in alternating order.
+fn paired(samples: u32, sample: impl FnMut(bool) -> Result<f64>) -> Result<Paired> {
+    let (a, b) = sample_pairs(samples.max(2), Order::Alternate, sample)?;
     Ok(Paired::new(&a, &b))
 }
 

@@ -239,6 +239,38 @@ impl Paired {
     }
 }
 
+/// Which of ours and raw is sampled first in each pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Ours, then raw.
+    OursFirst,
+    /// Alternating from pair to pair, so that an advantage of going first or second cancels
+    /// out.
+    Alternate,
+}
+
+/// One warm-up of `sample(true)` (ours) and of `sample(false)` (raw), then `samples` pairs of
+/// them in `order`: the samples of ours and of raw.
+pub fn sample_pairs(
+    samples: u32,
+    order: Order,
+    mut sample: impl FnMut(bool) -> Result<f64>,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    sample(true)?;
+    sample(false)?;
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for i in 0..samples {
+        if order == Order::Alternate && i % 2 == 1 {
+            raw.push(sample(false)?);
+            ours.push(sample(true)?);
+        } else {
+            ours.push(sample(true)?);
+            raw.push(sample(false)?);
+        }
+    }
+    Ok((ours, raw))
+}
+
 /// The first and third quartile of `v` (linear interpolation between order statistics, as
 /// numpy's default); NaN when `v` holds no finite value.
 pub fn quartiles(v: &[f64]) -> (f64, f64) {
@@ -377,7 +409,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if on("bidir") {
         let plan = bidir::sizes(&cfg);
         bar::stage("both ways", plan.len() as u64);
-        let r = bidir::run(&ctx, &cfg, &plan, &mut res);
+        let r = bidir::run(&cfg, &plan, &mut res);
         attempt(&mut res, &["pinned"], "bidirectional", r)?;
     }
     if on("kernels") {
@@ -404,7 +436,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if on("multi") {
         bar::stage("two GPUs", 1);
-        multi::run(&cfg, &mut res)?;
+        multi::run(&mut res)?;
     }
     bar::done();
     res.seconds = t0.elapsed().as_secs_f64();
@@ -421,12 +453,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .join("; ")
         );
     }
-    if args.thresholds.fail_on_regression && regressed > 0 {
-        anyhow::bail!(
-            "{regressed} figure(s) regressed against the baseline (--fail-on-regression)"
-        );
-    }
-    Ok(())
+    compare::check_regressions(&args.thresholds, regressed)
 }
 
 /// Reads a saved `bench --json` file.
@@ -454,10 +481,9 @@ fn write_outputs(
     let svg_text = svg::copy_plot(&doc);
     let mut regressed = 0;
     if let Some((name, old)) = baseline {
-        let noise = args.thresholds.noise_threshold / 100.0;
-        let changes = compare::compare(&doc, old, noise);
-        regressed = compare::regressions(&changes);
-        text.push_str(&compare::report(&changes, name, noise));
+        let (report, n) = compare::against(&doc, old, name, &args.thresholds);
+        text.push_str(&report);
+        regressed = n;
     }
     if let Some(dir) = &args.out_dir {
         std::fs::create_dir_all(dir)
@@ -516,6 +542,25 @@ mod tests {
         assert!((p.ratio - 1.01).abs() < 1e-12);
         assert!((p.ours - 2.02).abs() < 1e-12);
         assert!((p.ours_q.0 - 1.01).abs() < 1e-12 && (p.ours_q.1 - 2.02).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sample_pairs_order() {
+        let calls = |order| {
+            let mut seq = String::new();
+            let (o, r) = sample_pairs(3, order, |ours| {
+                seq.push(if ours { 'o' } else { 'r' });
+                Ok(seq.len() as f64)
+            })
+            .unwrap();
+            (seq, o, r)
+        };
+        let (seq, o, r) = calls(Order::OursFirst);
+        assert_eq!(seq, "orororor");
+        assert_eq!((o, r), (vec![3.0, 5.0, 7.0], vec![4.0, 6.0, 8.0]));
+        let (seq, o, r) = calls(Order::Alternate);
+        assert_eq!(seq, "ororroor");
+        assert_eq!((o, r), (vec![3.0, 6.0, 7.0], vec![4.0, 5.0, 8.0]));
     }
 
     #[test]

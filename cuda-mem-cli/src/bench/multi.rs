@@ -16,6 +16,7 @@
 //!   Raw is empty: `scripts/gpu-session.sh multi` runs `nccl_peer.py` in the same session and
 //!   compares.
 
+use std::fmt::Display;
 use std::os::raw::c_void;
 use std::time::Instant;
 
@@ -26,14 +27,14 @@ use cuda_mem::{
 };
 use cuda_mem_nccl::{bus_bandwidth, Collective, Comm, Group, ReduceOp};
 
-use super::{interquartile_mean, progress, raw, Config};
+use super::{interquartile_mean, progress, raw, sample_pairs, Order};
 use crate::results::{BenchResults, Check, MultiRow, NO_SPREAD};
 use crate::units::{gbps, median};
 
-const SAMPLES: usize = 11;
+const SAMPLES: u32 = 11;
 
 /// Runs the two-GPU measurements when there are two devices; a progress line otherwise.
-pub fn run(cfg: &Config, res: &mut BenchResults) -> anyhow::Result<()> {
+pub fn run(res: &mut BenchResults) -> anyhow::Result<()> {
     let n = Device::count()?;
     if n < 2 {
         progress(&format!("two GPUs: skipped ({n} device)"));
@@ -41,7 +42,6 @@ pub fn run(cfg: &Config, res: &mut BenchResults) -> anyhow::Result<()> {
     }
     // 256 MiB always, as refbench's peer.cu and nccl_peer.py, whatever `--quick` says: the
     // targets compare with them, and the whole section takes seconds.
-    let _ = cfg;
     let bytes = 256 << 20;
     let (d0, d1) = (Device::get(0)?, Device::get(1)?);
     progress(&format!(
@@ -74,25 +74,17 @@ fn event_time(s: &Stream, op: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     Ok(f64::from(Event::elapsed_ms(&a, &b)?) * 1e-3)
 }
 
-/// Interleaved samples of ours and raw: (median ours, median raw, IQM of raw/ours).
+/// Samples of ours and raw in alternating pairs: (median ours, median raw, IQM of raw/ours).
 fn paired(
-    samples: usize,
+    samples: u32,
     ours: &mut dyn FnMut() -> Result<f64>,
     raw: &mut dyn FnMut() -> Result<f64>,
 ) -> Result<(f64, f64, f64)> {
-    ours()?;
-    raw()?;
-    let (mut o, mut r) = (Vec::new(), Vec::new());
-    for i in 0..samples {
-        // Alternate which goes first, so that neither always follows the other.
-        if i % 2 == 0 {
-            o.push(ours()?);
-            r.push(raw()?);
-        } else {
-            r.push(raw()?);
-            o.push(ours()?);
-        }
-    }
+    let (o, r) = sample_pairs(
+        samples,
+        Order::Alternate,
+        |o| if o { ours() } else { raw() },
+    )?;
     let ratios: Vec<f64> = r.iter().zip(&o).map(|(r, o)| r / o).collect();
     Ok((median(&o), median(&r), interquartile_mean(&ratios)))
 }
@@ -103,15 +95,35 @@ fn pattern(len: usize, seed: u32) -> Vec<u32> {
         .collect()
 }
 
-fn check(res: &mut BenchResults, what: String, got: &[u32], want: &[u32]) {
+fn check<T: PartialEq + Display>(res: &mut BenchResults, what: String, got: &[T], want: &[T]) {
     let bad = got.iter().zip(want).position(|(a, b)| a != b);
     let ok = bad.is_none() && got.len() == want.len();
     res.checks.push(Check {
         what,
-        bytes: (want.len() * 4) as u64,
+        bytes: std::mem::size_of_val(want) as u64,
         ok,
         detail: bad.map(|i| format!("element {i}: {} != {}", got[i], want[i])),
     });
+}
+
+/// A bandwidth row of copies of `bytes` bytes from `paired`'s times.
+fn bandwidth_row(
+    test: &'static str,
+    direction: &'static str,
+    bytes: usize,
+    (ours, raw, ratio): (f64, f64, f64),
+) -> MultiRow {
+    let bytes = bytes as u64;
+    MultiRow {
+        test,
+        direction,
+        bytes,
+        unit: "GB/s",
+        ours: gbps(bytes, ours),
+        raw: gbps(bytes, raw),
+        ratio,
+        spread: NO_SPREAD,
+    }
 }
 
 /// The raw peer copy of `bytes` bytes.
@@ -169,7 +181,8 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
                 dst.as_mut_ptr().cast::<c_void>(),
                 src.as_ptr().cast::<c_void>(),
             );
-            let (o, r, ratio) = paired(
+            let test = if access { "peer_copy" } else { "nopeer_copy" };
+            let t = paired(
                 SAMPLES,
                 &mut || event_time(&s, &mut || copy_peer_async(dst, src, &s)),
                 &mut || {
@@ -179,22 +192,12 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
                     })
                 },
             )?;
-            let test = if access { "peer_copy" } else { "nopeer_copy" };
-            res.multi.push(MultiRow {
-                test,
-                direction: dir,
-                bytes: bytes as u64,
-                unit: "GB/s",
-                ours: gbps(bytes as u64, o),
-                raw: gbps(bytes as u64, r),
-                ratio,
-                spread: NO_SPREAD,
-            });
+            let row = bandwidth_row(test, dir, bytes, t);
             progress(&format!(
-                "  {test} {dir}: {:.1} GB/s, raw cudaMemcpyPeerAsync {:.1} GB/s (ratio {ratio:.3})",
-                gbps(bytes as u64, o),
-                gbps(bytes as u64, r)
+                "  {test} {dir}: {:.1} GB/s, raw cudaMemcpyPeerAsync {:.1} GB/s (ratio {:.3})",
+                row.ours, row.raw, row.ratio
             ));
+            res.multi.push(row);
             copy_peer_async(dst, src, &s)?;
             check(
                 res,
@@ -260,7 +263,7 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
             f()?;
             Ok(t.elapsed().as_secs_f64())
         };
-        let (o, r, ratio) = paired(
+        let t = paired(
             7,
             &mut || {
                 wall(&mut || {
@@ -295,23 +298,15 @@ fn copies(d0: Device, d1: Device, bytes: usize, res: &mut BenchResults) -> Resul
                 })
             },
         )?;
-        let row = MultiRow {
-            test: "staged",
-            direction: dir,
-            bytes: bytes as u64,
-            unit: "GB/s",
-            ours: gbps(bytes as u64, o),
-            raw: gbps(bytes as u64, r),
-            ratio,
-            spread: NO_SPREAD,
-        };
+        let row = bandwidth_row("staged", dir, bytes, t);
         progress(&format!(
             "  staged {dir}: {:.1} GB/s pipelined ({} x {} MiB), two serial copies {:.1} GB/s \
-             (x{ratio:.2})",
+             (x{:.2})",
             row.ours,
             staged.slots(),
             staged.chunk_bytes() >> 20,
-            row.raw
+            row.raw,
+            row.ratio
         ));
         res.multi.push(row);
         outs[b].copy_from(&pattern(n, 77)[..])?;
@@ -381,17 +376,12 @@ fn nccl_all_reduce(
     let busbw = bus_bandwidth(Collective::AllReduce, algbw, devices.len());
     let want = vec![3.0f32; n];
     for (r, x) in xs.iter().enumerate() {
-        let got = x.to_vec()?;
-        let bad = got
-            .iter()
-            .zip(&want)
-            .position(|(a, b)| a.to_bits() != b.to_bits());
-        res.checks.push(Check {
-            what: format!("nccl all-reduce rank {r}"),
-            bytes: bytes as u64,
-            ok: bad.is_none(),
-            detail: bad.map(|i| format!("element {i}: {} != 3", got[i])),
-        });
+        check(
+            res,
+            format!("nccl all-reduce rank {r}"),
+            &x.to_vec()?,
+            &want,
+        );
     }
     progress(&format!(
         "  nccl_allreduce ranks=2 size={}MiB nccl={} time_us={:.1} algbw_gbps={algbw:.2} \

@@ -31,8 +31,9 @@ use std::time::Instant;
 use cuda_mem::{copy_async, copy_range, sys, DeviceBuffer, HostAllocFlags, MemPool, PinnedBuffer};
 use cuda_mem::{Result, Stream};
 
-use super::{attempt, copies, progress, raw, reps_for, Config, Ctx, Paired};
-use crate::results::{AllocRow, BenchResults};
+use super::alloc::record;
+use super::{attempt, copies, progress, raw, reps_for, sample_pairs, Config, Ctx, Order, Paired};
+use crate::results::BenchResults;
 use crate::units::{fmt_size, MIB};
 
 /// The allocation kinds measured here.
@@ -129,13 +130,9 @@ fn measure(
         stream.synchronize()?;
         Ok(us)
     };
-    time(ours)?;
-    time(raw)?;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..samples {
-        a.push(time(ours)?);
-        b.push(time(raw)?);
-    }
+    let (a, b) = sample_pairs(samples, Order::OursFirst, |o| {
+        time(if o { &mut *ours } else { &mut *raw })
+    })?;
     Ok(Paired::new(&a, &b))
 }
 
@@ -206,21 +203,9 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                 }
                 Err(e) => Err(e.clone()),
             };
-            if let Some(t) = attempt(res, &[kind], "alloc", r)? {
-                res.allocs.push(AllocRow {
-                    kind,
-                    bytes,
-                    reps: samples * batch,
-                    us: t.ours,
-                    raw_us: t.raw,
-                    ratio: t.ratio,
-                    spread: t.ours_q,
-                    note: Some(note),
-                });
-            }
+            record(res, kind, bytes, samples * batch, Some(note), r)?;
             if kind == "pool" {
                 // Ablation of this row: the raw pair with only our bookkeeping around it.
-                let kind = "pool_bookkeeping_only";
                 let r = match pool {
                     Ok(pool) => {
                         let pair = cuda_mem::testing::PoolPair::new(pool, &stream);
@@ -234,21 +219,10 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                     }
                     Err(e) => Err(e.clone()),
                 };
-                if let Some(t) = attempt(res, &[kind], "alloc", r)? {
-                    res.allocs.push(AllocRow {
-                        kind,
-                        bytes,
-                        reps: samples * BATCH,
-                        us: t.ours,
-                        raw_us: t.raw,
-                        ratio: t.ratio,
-                        spread: t.ours_q,
-                        note: Some(
-                            "ablation of pool: the raw pair with only our bookkeeping around it \
-                             (testing::PoolPair); µs - raw µs is its share",
-                        ),
-                    });
-                }
+                let note = "ablation of pool: the raw pair with only our bookkeeping around it \
+                            (testing::PoolPair); µs - raw µs is its share";
+                let kind = "pool_bookkeeping_only";
+                record(res, kind, bytes, samples * BATCH, Some(note), r)?;
             }
         }
     }

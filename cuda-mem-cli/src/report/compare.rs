@@ -11,7 +11,9 @@
 
 use std::fmt::Write as _;
 
+use crate::args::Thresholds;
 use crate::report::json::BenchJson;
+use crate::report::table::grid;
 use crate::units::fmt_size;
 
 /// What happened to one figure.
@@ -57,68 +59,61 @@ struct Fig {
     q: Option<(f64, f64)>,
 }
 
-fn fig(median: f64, q1: Option<f64>, q3: Option<f64>) -> Fig {
-    Fig {
-        median,
-        q: q1.zip(q3),
-    }
+/// One comparable figure of a run: section, name, unit and its value.
+type Figure = (&'static str, String, String, Fig);
+
+fn figure(
+    section: &'static str,
+    what: String,
+    unit: &str,
+    median: f64,
+    q1: Option<f64>,
+    q3: Option<f64>,
+) -> Figure {
+    let q = q1.zip(q3);
+    (section, what, unit.to_string(), Fig { median, q })
 }
 
-/// Every comparable figure of `r`, keyed by section and name.
-fn figures(r: &BenchJson) -> Vec<(&'static str, String, String, bool, Fig)> {
+/// Every comparable figure of `r`, keyed by section, name and unit.
+fn figures(r: &BenchJson) -> Vec<Figure> {
+    let (gbps, us) = ("GB/s", "us");
     let mut v = Vec::new();
     for c in &r.copies {
-        v.push((
-            "copies",
-            format!("{} {} {}", c.kind, c.direction, fmt_size(c.bytes)),
-            "GB/s".to_string(),
-            true,
-            fig(c.gbps, c.gbps_q1, c.gbps_q3),
-        ));
+        let what = format!("{} {} {}", c.kind, c.direction, fmt_size(c.bytes));
+        v.push(figure("copies", what, gbps, c.gbps, c.gbps_q1, c.gbps_q3));
     }
     for b in &r.bidirectional {
-        v.push((
+        let what = format!("pinned h2d+d2h {}", fmt_size(b.bytes));
+        v.push(figure(
             "bidirectional",
-            format!("pinned h2d+d2h {}", fmt_size(b.bytes)),
-            "GB/s".into(),
-            true,
-            fig(b.gbps, b.gbps_q1, b.gbps_q3),
+            what,
+            gbps,
+            b.gbps,
+            b.gbps_q1,
+            b.gbps_q3,
         ));
     }
     for k in &r.kernels {
-        v.push((
-            "kernels",
-            format!("{} {} {}", k.kind, k.op, fmt_size(k.bytes)),
-            "GB/s".into(),
-            true,
-            fig(k.gbps, k.gbps_q1, k.gbps_q3),
-        ));
+        let what = format!("{} {} {}", k.kind, k.op, fmt_size(k.bytes));
+        v.push(figure("kernels", what, gbps, k.gbps, k.gbps_q1, k.gbps_q3));
     }
     for a in &r.alloc {
-        v.push((
-            "alloc",
-            format!("{} {}", a.kind, fmt_size(a.bytes)),
-            "us".into(),
-            false,
-            fig(a.us, a.us_q1, a.us_q3),
-        ));
+        let what = format!("{} {}", a.kind, fmt_size(a.bytes));
+        v.push(figure("alloc", what, us, a.us, a.us_q1, a.us_q3));
     }
     for c in &r.calls {
-        v.push((
-            "calls",
-            format!("{} {} {}", c.test, c.direction, fmt_size(c.bytes)),
-            "us".into(),
-            false,
-            fig(c.us, c.us_q1, c.us_q3),
-        ));
+        let what = format!("{} {} {}", c.test, c.direction, fmt_size(c.bytes));
+        v.push(figure("calls", what, us, c.us, c.us_q1, c.us_q3));
     }
     for m in &r.multi_gpu {
-        v.push((
+        let what = format!("{} {} {}", m.test, m.direction, fmt_size(m.bytes));
+        v.push(figure(
             "multi_gpu",
-            format!("{} {} {}", m.test, m.direction, fmt_size(m.bytes)),
-            m.unit.clone(),
-            m.unit != "us",
-            fig(m.ours, m.ours_q1, m.ours_q3),
+            what,
+            &m.unit,
+            m.ours,
+            m.ours_q1,
+            m.ours_q3,
         ));
     }
     v
@@ -133,13 +128,15 @@ fn outside(x: f64, q: Option<(f64, f64)>) -> Option<bool> {
 pub fn compare(new: &BenchJson, old: &BenchJson, noise: f64) -> Vec<Change> {
     let old_figs = figures(old);
     let mut out = Vec::new();
-    for (section, what, unit, higher, n) in figures(new) {
-        let Some((_, _, _, _, o)) = old_figs
+    for (section, what, unit, n) in figures(new) {
+        let Some((_, _, _, o)) = old_figs
             .iter()
-            .find(|(s, w, u, _, _)| *s == section && *w == what && *u == unit)
+            .find(|(s, w, u, _)| *s == section && *w == what && *u == unit)
         else {
             continue;
         };
+        // Bandwidths (GB/s, GB/s busbw) up is better, times (us) down.
+        let higher = unit != "us";
         if !(n.median.is_finite() && o.median.is_finite() && o.median > 0.0) {
             continue;
         }
@@ -182,6 +179,24 @@ pub fn regressions(changes: &[Change]) -> usize {
         .count()
 }
 
+/// `new` against the baseline `old` (named `name` in the report), with the noise threshold
+/// of `t`: the report and the number of regressions.
+pub fn against(new: &BenchJson, old: &BenchJson, name: &str, t: &Thresholds) -> (String, usize) {
+    let noise = t.noise_threshold / 100.0;
+    let changes = compare(new, old, noise);
+    (report(&changes, name, noise), regressions(&changes))
+}
+
+/// An error when `--fail-on-regression` is set and a figure regressed.
+pub fn check_regressions(t: &Thresholds, regressed: usize) -> anyhow::Result<()> {
+    if t.fail_on_regression && regressed > 0 {
+        anyhow::bail!(
+            "{regressed} figure(s) regressed against the baseline (--fail-on-regression)"
+        );
+    }
+    Ok(())
+}
+
 /// The report: a summary line, then the figures that improved or regressed.
 pub fn report(changes: &[Change], baseline: &str, noise: f64) -> String {
     let count = |v: Verdict| changes.iter().filter(|c| c.verdict == v).count();
@@ -204,23 +219,22 @@ pub fn report(changes: &[Change], baseline: &str, noise: f64) -> String {
         );
     }
     out.push('\n');
-    let mut rows: Vec<&Change> = changes
+    let mut changed: Vec<&Change> = changes
         .iter()
         .filter(|c| matches!(c.verdict, Verdict::Improved | Verdict::Regressed))
         .collect();
-    rows.sort_by(|a, b| {
+    changed.sort_by(|a, b| {
         (a.verdict != Verdict::Regressed)
             .cmp(&(b.verdict != Verdict::Regressed))
             .then(a.section.cmp(b.section))
     });
-    if rows.is_empty() {
+    if changed.is_empty() {
         return out;
     }
-    let mut t = comfy_table::Table::new();
-    t.load_preset(comfy_table::presets::ASCII_MARKDOWN);
-    t.set_header(["", "section", "figure", "unit", "baseline", "now", "change"]);
-    for c in rows {
-        t.add_row([
+    let header = ["", "section", "figure", "unit", "baseline", "now", "change"];
+    let mut rows = vec![header.map(String::from).to_vec()];
+    for c in changed {
+        rows.push(vec![
             match c.verdict {
                 Verdict::Regressed => "REGRESSED",
                 _ => "improved",
@@ -234,10 +248,7 @@ pub fn report(changes: &[Change], baseline: &str, noise: f64) -> String {
             format!("{:+.1}%", c.change * 100.0),
         ]);
     }
-    for l in t.lines() {
-        out.push_str(l.trim_end());
-        out.push('\n');
-    }
+    out.push_str(&grid(&rows));
     out
 }
 

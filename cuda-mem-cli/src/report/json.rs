@@ -345,13 +345,18 @@ pub struct InfoJson {
     pub devices: Vec<DeviceJson>,
 }
 
+/// Pretty JSON text, ending with a newline.
+fn pretty(doc: &impl Serialize) -> String {
+    // Serializing these plain structs cannot fail (string keys, no maps).
+    let mut s = serde_json::to_string_pretty(doc).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
 impl BenchJson {
     /// Pretty JSON text, ending with a newline.
     pub fn render(&self) -> String {
-        // Serializing these plain structs cannot fail (string keys, no maps).
-        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
-        s.push('\n');
-        s
+        pretty(self)
     }
 
     /// Reads a saved `bench --json` file (schema 1 or 2).
@@ -363,9 +368,7 @@ impl BenchJson {
 impl InfoJson {
     /// Pretty JSON text, ending with a newline.
     pub fn render(&self) -> String {
-        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
-        s.push('\n');
-        s
+        pretty(self)
     }
 }
 

@@ -38,6 +38,16 @@ struct Series {
     raw: Vec<(f64, f64)>,
 }
 
+/// The plottable points of `v` (positive size and bandwidth), as (bytes, GB/s) sorted by bytes.
+fn points(v: impl Iterator<Item = (u64, f64)>) -> Vec<(f64, f64)> {
+    let mut p: Vec<(f64, f64)> = v
+        .map(|(b, g)| (b as f64, g))
+        .filter(|&(b, g)| b > 0.0 && g.is_finite() && g > 0.0)
+        .collect();
+    p.sort_by(|a, b| a.0.total_cmp(&b.0));
+    p
+}
+
 fn series(r: &BenchJson) -> Vec<Series> {
     let mut out = Vec::new();
     let mut kinds: Vec<&str> = COPY_KINDS.to_vec();
@@ -46,25 +56,15 @@ fn series(r: &BenchJson) -> Vec<Series> {
             kinds.push(&c.kind);
         }
     }
-    let ok = |(b, g): &(f64, f64)| *b > 0.0 && g.is_finite() && *g > 0.0;
     for kind in kinds {
         for dir in ["h2d", "d2h", "d2d"] {
-            let mut rows: Vec<_> = r
+            let rows: Vec<_> = r
                 .copies
                 .iter()
                 .filter(|c| c.kind == kind && c.direction == dir)
                 .collect();
-            rows.sort_by_key(|c| c.bytes);
-            let ours: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|c| (c.bytes as f64, c.gbps))
-                .filter(ok)
-                .collect();
-            let raw: Vec<(f64, f64)> = rows
-                .iter()
-                .map(|c| (c.bytes as f64, c.raw_gbps))
-                .filter(ok)
-                .collect();
+            let ours = points(rows.iter().map(|c| (c.bytes, c.gbps)));
+            let raw = points(rows.iter().map(|c| (c.bytes, c.raw_gbps)));
             if !ours.is_empty() || !raw.is_empty() {
                 out.push(Series {
                     label: format!("{kind} {dir}"),
@@ -74,22 +74,13 @@ fn series(r: &BenchJson) -> Vec<Series> {
             }
         }
     }
-    let mut bidir: Vec<_> = r.bidirectional.iter().collect();
-    bidir.sort_by_key(|b| b.bytes);
-    let ours: Vec<(f64, f64)> = bidir
-        .iter()
-        .map(|b| (b.bytes as f64, b.gbps))
-        .filter(ok)
-        .collect();
+    let bidir = &r.bidirectional;
+    let ours = points(bidir.iter().map(|b| (b.bytes, b.gbps)));
     if !ours.is_empty() {
         out.push(Series {
             label: "pinned h2d+d2h (sum)".into(),
             ours,
-            raw: bidir
-                .iter()
-                .map(|b| (b.bytes as f64, b.raw_gbps))
-                .filter(ok)
-                .collect(),
+            raw: points(bidir.iter().map(|b| (b.bytes, b.raw_gbps))),
         });
     }
     out

@@ -47,7 +47,7 @@ fn against_table(
 /// A table in Markdown's shape (readable as text, and pastes into an issue or a README):
 /// the first row is the header. A short row (a kind with an error message) is padded with
 /// empty cells.
-fn grid(rows: &[Vec<String>]) -> String {
+pub fn grid(rows: &[Vec<String>]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let mut t = Table::new();
     t.load_preset(presets::ASCII_MARKDOWN)
