@@ -435,3 +435,50 @@ fn pooled_allocation_freed_before_or_after_its_lazy_mark_is_entered() {
         World::free_pooled(&mut w);
     });
 }
+
+/// Issue 19.6: a host read whose event record fails synchronizes the stream instead, while a
+/// read guard on that *same* stream is still queueing (begun, not ended: a `&` guard beside a
+/// `&` host read). The fallback must not forget the guard's read: the host write afterwards
+/// waits for it. (The old fallback removed the whole entry; the model of the other
+/// scenarios put the work in flight on another stream and missed this.)
+#[test]
+fn a_failed_record_beside_work_in_flight_on_the_same_stream_forgets_nothing() {
+    model(|| {
+        let w = World::new(1);
+        w.queue(0, ALL, Access::Write);
+        w.gpu.lock().unwrap().fail_records = 1;
+        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
+        let b = spawn(&w, |w| w.host(Access::Read));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.host(Access::Write);
+    });
+}
+
+/// Issue 19.7: a guard leaked with `mem::forget` (its `begin` never ends) while another
+/// thread reads on another stream. The owner's next exclusive access drops the leaked count:
+/// its host write waits for everything and leaves the fence idle (before, the marks stayed
+/// pending for good and every later wait recorded anew).
+#[test]
+fn a_leaked_guard_is_settled_by_the_next_exclusive_access() {
+    model(|| {
+        let mut w = World::new(2);
+        let a = spawn(&w, |w| {
+            w.fence
+                .begin(&w.streams[0], ALL, Access::Read)
+                .expect("the model's waits do not fail");
+            w.enqueue(0, ALL, Access::Read);
+            // No `end`: the guard was leaked.
+        });
+        let b = spawn(&w, |w| w.queue(1, (0, 32), Access::Read));
+        a.join().unwrap();
+        b.join().unwrap();
+        let w = Arc::get_mut(&mut w).expect("the owner is the only one left");
+        w.fence.exclusive();
+        w.host(Access::Write);
+        assert!(
+            w.fence.is_idle(),
+            "the leaked guard's marks are still pending"
+        );
+    });
+}

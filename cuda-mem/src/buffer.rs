@@ -123,7 +123,7 @@ macro_rules! impl_buffer {
             pub fn into_raw(mut self) -> $crate::Result<(*mut T, usize)> {
                 self.before_into_raw()?;
                 let mut me = std::mem::ManuallyDrop::new(self);
-                let waited = me.fence.host_wait($crate::fence::Access::Write);
+                let waited = me.fence.host_wait_mut($crate::fence::Access::Write);
                 // SAFETY: `me` is never used or dropped again; the memory passes to the caller
                 // (or is leaked, on error). Only the fence and the `$extra` fields are dropped,
                 // each once.

@@ -248,7 +248,7 @@ impl<T: Pod> DeviceBuffer<T> {
             let bytes = self.byte_len();
             return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
         }
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         // The allocating device current for the free (the guard switches only where needed,
         // and restores the caller's device).
         let _guard = Device::from_ordinal_unchecked(self.device).guard().ok();

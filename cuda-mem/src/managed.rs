@@ -343,7 +343,7 @@ impl<T: Pod> ManagedBuffer<T> {
     /// Refused ([`Misuse::Unsupported`]) on devices without concurrent managed access.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
         self.require_concurrent_access()?;
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         // SAFETY: as `as_slice`, and `&mut self` makes the borrow unique.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
@@ -369,7 +369,7 @@ impl<T: Pod> ManagedBuffer<T> {
     /// # Safety
     /// As for [`as_slice_unchecked`](Self::as_slice_unchecked).
     pub unsafe fn as_mut_slice_unchecked(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         if !self.concurrent_access {
             Device::get(self.device)?.synchronize()?;
         }
@@ -559,7 +559,7 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     fn release(&mut self) -> Result<()> {
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller
         // has current (the guard restores it).
         let _guard = Device::from_ordinal_unchecked(self.device).guard().ok();

@@ -298,7 +298,7 @@ impl<T: Pod> PinnedBuffer<T> {
         if ptr.as_ptr() as usize % std::mem::align_of::<T>() != 0 {
             let align = std::mem::align_of::<T>();
             // Hand the block back (no GPU work can use it yet).
-            let _ = owner.release(flags, &Fence::default());
+            let _ = owner.release(flags, &mut Fence::default());
             return Err(Misuse::Misaligned {
                 addr: ptr.as_ptr() as usize,
                 align,
@@ -369,9 +369,14 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
     }
 
+    /// [`Fence::host_wait_mut`] on the buffer's fence, for the mapped kind's host atomics.
+    pub(crate) fn host_wait_mut(&mut self, access: Access) -> Result<()> {
+        self.fence.host_wait_mut(access)
+    }
+
     /// The contents, writable, after waiting for all queued GPU work on the buffer.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique, and no GPU work that
         // uses the buffer can be queued through safe code while it lives.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
@@ -403,13 +408,13 @@ impl<T: Pod> PinnedBuffer<T> {
 
     fn release(&mut self) -> Result<()> {
         if let Some(owner) = self.block.take() {
-            return owner.release(self.flags, &self.fence);
+            return owner.release(self.flags, &mut self.fence);
         }
         if let Some(pooled) = &self.pooled {
             let bytes = self.byte_len();
             return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
         }
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         let p = self.ptr.as_ptr();
         // SAFETY: we own the allocation and never use it after this call.
         check(unsafe { sys::cudaFreeHost(p.cast()) }, || {

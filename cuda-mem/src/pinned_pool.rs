@@ -507,7 +507,7 @@ impl PinnedPool {
         class: usize,
         flags: HostAllocFlags,
         block: Block,
-        fence: &Fence,
+        fence: &mut Fence,
     ) -> Result<()> {
         let key = Key {
             class,
@@ -720,11 +720,11 @@ impl BlockOwner {
 
     /// Releases the memory of a buffer with `flags` and `fence`: back to the pool without
     /// blocking, or waited for and freed. On error the memory is leaked.
-    pub(crate) fn release(self, flags: HostAllocFlags, fence: &Fence) -> Result<()> {
+    pub(crate) fn release(self, flags: HostAllocFlags, fence: &mut Fence) -> Result<()> {
         match self.pool {
             Some((pool, class)) => pool.get().give_back(class, flags, self.block, fence),
             None => {
-                fence.host_wait(Access::Write)?;
+                fence.host_wait_mut(Access::Write)?;
                 self.block.free()
             }
         }

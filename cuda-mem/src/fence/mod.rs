@@ -146,6 +146,14 @@ impl Fence {
         self.core.host_wait(access)
     }
 
+    /// [`host_wait`](Self::host_wait) through the owner's exclusive borrow (a host write, a
+    /// free): no guard can still be queueing work, so the count of guards leaked with
+    /// `mem::forget` is dropped first ([`Tracker::exclusive`]) and the wait covers every mark.
+    pub(crate) fn host_wait_mut(&mut self, access: Access) -> Result<()> {
+        self.core.exclusive();
+        self.core.host_wait(access)
+    }
+
     /// Marks work already queued on `stream` that accesses `bytes` (a synchronous copy or
     /// memset, on the legacy default stream, that may return before it is done).
     pub(crate) fn mark(&self, stream: &Stream, bytes: (usize, usize), access: Access) {
@@ -157,7 +165,7 @@ impl Fence {
     /// Events covering all pending work, recorded without blocking, for memory handed back to
     /// a cache that polls them before reusing it; see [`Tracker::retire`]. On error the memory
     /// may still be in use: leak it.
-    pub(crate) fn retire(&self) -> Result<Vec<Arc<Event>>> {
+    pub(crate) fn retire(&mut self) -> Result<Vec<Arc<Event>>> {
         self.core.retire()
     }
 }
@@ -256,12 +264,117 @@ mod tests {
     #[test]
     fn retire_after_a_leaked_guard_records_and_does_not_panic() {
         let s = Arc::new(0);
-        let t = Tracker::<Counting>::default();
+        let mut t = Tracker::<Counting>::default();
         t.begin(&s, (0, 64), Access::Write).unwrap();
         // No `end`: the guard was leaked.
         let events = t.retire().unwrap();
         assert_eq!(events.len(), 1, "the queued work's event");
         assert_eq!(CALLS.with(Cell::get), 1, "one record");
         assert!(t.is_idle(), "the tracker is empty afterwards");
+    }
+
+    /// Issue 19.7: a guard leaked with `mem::forget` never ends its `begin`. Before
+    /// `exclusive`, its count stayed for good: every later host read recorded and synchronized
+    /// a new event (the marks could never be found covered). The owner's next exclusive access
+    /// drops the leaked count: one wait that covers everything, then host reads make no call.
+    #[test]
+    fn a_leaked_guard_slows_waits_only_until_the_next_exclusive_access() {
+        let s = Arc::new(0);
+        let mut t = Tracker::<Counting>::default();
+        t.mark(&s, (0, 64), Access::Write);
+        t.begin(&s, (0, 64), Access::Read).unwrap(); // the guard is leaked: no `end`
+        let calls = || CALLS.with(Cell::get);
+        t.host_wait(Access::Read).unwrap();
+        let first = calls();
+        t.host_wait(Access::Read).unwrap();
+        assert!(
+            calls() > first,
+            "with a guard maybe in flight, a read waits anew"
+        );
+        t.exclusive();
+        t.host_wait(Access::Write).unwrap();
+        let settled = calls();
+        for _ in 0..3 {
+            t.host_wait(Access::Read).unwrap();
+            t.host_wait(Access::Write).unwrap();
+        }
+        assert_eq!(
+            calls(),
+            settled,
+            "waits after the exclusive access made calls"
+        );
+        assert!(t.is_idle());
+    }
+
+    thread_local! {
+        static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// [`Counting`], whose records fail while `FAIL_RECORDS` counts down, and which keeps the
+    /// number of stream synchronizations.
+    struct Flaky;
+
+    impl Backend for Flaky {
+        type Stream = Arc<u32>;
+        type Event = ();
+        type Error = ();
+        fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
+            a == b
+        }
+        fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
+            let fail = FAIL_RECORDS.with(|f| {
+                let n = f.get();
+                f.set(n.saturating_sub(1));
+                n > 0
+            });
+            if fail {
+                Err(())
+            } else {
+                call()
+            }
+        }
+        fn wait(_: &Arc<u32>, _: &()) -> Result<(), ()> {
+            call()
+        }
+        fn query(_: &()) -> Result<bool, ()> {
+            call().map(|()| false)
+        }
+        fn sync_event(_: &()) -> Result<(), ()> {
+            call()
+        }
+        fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
+            call()
+        }
+    }
+
+    /// Issue 19.6: a host read whose event record fails synchronizes the stream instead; it
+    /// must not forget the read a guard on the same stream is still queueing (begun, not
+    /// ended): the buffer's release afterwards still has that read's event to wait for. (The
+    /// old fallback removed the entry, and a pinned-pool block was handed out again under
+    /// the read.) Likewise for a record that fails while ordering another stream.
+    #[test]
+    fn a_failed_record_keeps_the_marks_of_work_in_flight_on_the_same_stream() {
+        let (s, other) = (Arc::new(0), Arc::new(1));
+        let mut t = Tracker::<Flaky>::default();
+        t.mark(&s, (0, 64), Access::Write); // a copy into the buffer, queued
+        t.begin(&s, (0, 64), Access::Read).unwrap(); // a read guard, its kernel not yet queued
+        FAIL_RECORDS.with(|f| f.set(1));
+        t.host_wait(Access::Read).unwrap(); // falls back to synchronizing `s`
+        t.end(); // the guard's kernel is queued now, then the guard drops
+        let events = t.retire().unwrap();
+        assert_eq!(events.len(), 1, "the in-flight read was forgotten");
+
+        let t = Tracker::<Flaky>::default();
+        t.mark(&s, (0, 64), Access::Write);
+        t.begin(&s, (0, 32), Access::Read).unwrap();
+        FAIL_RECORDS.with(|f| f.set(1));
+        t.order(&other, (0, 64), Access::Read).unwrap(); // falls back to synchronizing `s`
+        t.end();
+        let mut t = t;
+        assert_eq!(
+            t.retire().unwrap().len(),
+            1,
+            "the in-flight read was forgotten"
+        );
     }
 }

@@ -28,6 +28,12 @@
 //! Such an event does not cover that work, so while anything is in flight a recorded event
 //! never marks its entry as covered: the marks stay, and the next wait records again.
 //!
+//! A guard that safe code leaks with `mem::forget` never calls `end`, and its count would
+//! stay for good, each later wait then recording anew. Every `begin`'s guard borrows the
+//! tracker shared, though, so an exclusive borrow proves that none is still queueing:
+//! [`Tracker::exclusive`], called by the owner's exclusive accesses (host writes, drop, a
+//! pooled free, handing memory back to a cache), drops a leaked count.
+//!
 //! Two calls skip the lock because nobody else can hold it: [`Tracker::marked`] builds a new
 //! tracker that marks work queued already (a stream-ordered allocation, before the buffer
 //! exists for anyone), and [`Tracker::order_origin_mut`] orders through an exclusive borrow (a
@@ -401,6 +407,18 @@ impl<B: Backend> Tracker<B> {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Through an exclusive borrow of the tracker (its memory's owner, borrowed mutably or
+    /// dropping it): no `begin` can still be queueing, since every `begin`'s guard borrows the
+    /// tracker shared until its `end`. A count left above zero is then the count of guards
+    /// that safe code leaked with `mem::forget` (whose work was queued before the leak, as the
+    /// guards' contract requires of the caller): it is dropped, so that a leaked guard slows
+    /// waits down only until the owner's next exclusive access, never for good. Without this,
+    /// every later wait would record (or synchronize) anew and entries would never be pruned.
+    pub fn exclusive(&mut self) {
+        // (A plain store: `&mut self` excludes every other access to the count.)
+        self.in_flight.store(0, Ordering::Release);
+    }
+
     /// Whether no marked work is still being queued: then an event recorded now covers every
     /// mark. Read under the lock, so that no `begin` races it.
     fn settled(&self) -> bool {
@@ -430,8 +448,8 @@ impl<B: Backend> Tracker<B> {
         range: (usize, usize),
         access: Access,
     ) -> Result<Option<&B::Stream>, B::Error> {
-        // (With `&mut self` no `begin` can have its `end` pending unless one was leaked: read
-        // the count all the same, as `order` does.)
+        // With `&mut self` no `begin` can still be queueing: a leaked guard's count goes.
+        self.exclusive();
         let full = self.settled();
         let Some(origin) = self.origin.as_ref() else {
             return Ok(None);
@@ -482,9 +500,16 @@ impl<B: Backend> Tracker<B> {
             };
             if !waited {
                 // Could not order on the device: wait on the host instead. Then the entry's
-                // work is complete and forgotten.
+                // queued work is complete; it is forgotten only when nothing is in flight:
+                // otherwise its marks may include work of a `begin` on the same stream that
+                // is still being queued (after this synchronization), which the entry must
+                // keep (a later waiter records, or synchronizes, again).
                 B::sync_stream(&st.entries[i].stream)?;
-                st.entries.remove(i);
+                if full {
+                    st.entries.remove(i);
+                } else {
+                    i += 1;
+                }
                 continue;
             }
             let t = match st.entries.iter().position(|t| B::same(&t.stream, stream)) {
@@ -587,10 +612,16 @@ impl<B: Backend> Tracker<B> {
                     Ok(ev) => targets.push((e.stream.clone(), ev)),
                     Err(_) => {
                         // Cannot record: wait for the whole stream, under the lock (queueing
-                        // on this buffer pauses meanwhile; it is the rare path).
+                        // on this buffer pauses meanwhile; it is the rare path). Its queued
+                        // work is then complete. With work in flight the entry's marks may
+                        // stand for a `begin` on this same stream whose work is queued only
+                        // after this synchronization (a read guard alive beside this host
+                        // read): they stay, as after a record that does not cover them.
                         B::sync_stream(&e.stream)?;
-                        st.entries.remove(i);
-                        continue;
+                        if full {
+                            st.entries.remove(i);
+                            continue;
+                        }
                     }
                 }
                 i += 1;
@@ -628,13 +659,12 @@ impl<B: Backend> Tracker<B> {
     /// cannot be recorded the host waits for that stream instead. On error the work may still
     /// run: the memory must not be reused (the caller leaks it).
     ///
-    /// Called by the memory's owner as it lets go (drop): no borrow of the memory, hence no
-    /// work being queued, can be alive, so every event covers every mark. (The in-flight count
-    /// can still be above zero, for good, if safe code leaked a `begin`'s guard with
-    /// `mem::forget`: the events are then recorded as for work in flight, which changes only
-    /// the marks this tracker keeps, cleared below. Drop must not panic, so this is no
-    /// assertion.)
-    pub fn retire(&self) -> Result<Vec<Arc<B::Event>>, B::Error> {
+    /// Called by the memory's owner as it lets go (drop), through an exclusive borrow: no
+    /// borrow of the memory, hence no work being queued, can be alive, so every event covers
+    /// every mark (the count of a `begin` whose guard was leaked is dropped first, see
+    /// [`exclusive`](Self::exclusive)). Drop must not panic, so nothing here asserts.
+    pub fn retire(&mut self) -> Result<Vec<Arc<B::Event>>, B::Error> {
+        self.exclusive();
         let full = self.settled();
         let mut st = self.lock();
         let mut events = Vec::new();
