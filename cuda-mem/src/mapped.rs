@@ -19,7 +19,7 @@ use cuda_mem_sys as sys;
 use crate::copy::{sealed, Loc};
 use crate::devices::Device;
 use crate::error::{Misuse, Result};
-use crate::fence::Fence;
+use crate::fence::{Access, Fence};
 use crate::pinned::{host_device_pointer, HostAllocFlags, PinnedBuffer};
 use crate::size;
 
@@ -274,13 +274,18 @@ atomic_element!(
 );
 
 impl<T: AtomicElement> MappedBuffer<T> {
-    /// Element `i` as a host atomic, for flags shared with a *running* kernel: the one host
-    /// access that does not wait for GPU work (a kernel that polls a flag the host sets would
-    /// never let a waiting access through). Kernels read the same element through
-    /// [`device_ptr`](crate::DevicePtr::device_ptr) (volatile or atomic loads: the guard may be
-    /// dropped once the kernel is queued) while the host stores here. It takes `&mut self`, so
-    /// that no plain host access (`as_slice` from another thread, say) can overlap an atomic one.
-    /// Out of range is [`Misuse::OutOfBounds`].
+    /// Element `i` as a host atomic, for flags shared with a *running* kernel. It waits for
+    /// pending GPU work that **writes** the buffer (copies and memsets into it, kernels through
+    /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut)), so that a value stored here
+    /// is never overwritten by work queued before it, but not for work that only reads it: a
+    /// kernel that polls a flag the host sets reads it through
+    /// [`device_ptr`](crate::DevicePtr::device_ptr) (volatile or atomic loads; the guard may
+    /// be dropped once the kernel is queued) and keeps running beside the host's stores (a
+    /// waiting access would never let it finish). Work queued earlier that reads the element
+    /// may see the value stored here. It takes `&mut self`, so that no plain host access
+    /// (`as_slice` from another thread, say) and no new GPU work through this crate can
+    /// overlap an atomic one. Out of range is [`Misuse::OutOfBounds`]; a failed wait is the
+    /// runtime's error (the element is not handed out).
     ///
     /// ```no_run
     /// # fn main() -> cuda_mem::Result<()> {
@@ -305,14 +310,17 @@ impl<T: AtomicElement> MappedBuffer<T> {
     /// ```
     pub fn atomic(&mut self, i: usize) -> Result<&T::Atomic> {
         size::range(i, 1, self.len())?;
+        // Pending writes first: a copy queued before this store must not land after it.
+        self.host.host_wait_mut(Access::Read)?;
         let p = self.host.as_ptr().wrapping_add(i).cast::<T::Atomic>();
         // SAFETY: `p` is element `i` of the live pinned allocation (in bounds, checked above),
         // aligned for `T`, whose atomic has the same size and alignment (the sealed impls above
-        // pair each integer with its std atomic). The exclusive borrow of `self` keeps the
-        // memory alive and excludes every other host access to the buffer (plain reads through
-        // `as_slice` included) and every GPU write queued through this crate while the atomic
-        // reference lives; concurrent GPU accesses by work queued earlier (a polling kernel)
-        // are made by another agent through the device mapping, as with memory shared with
+        // pair each integer with its std atomic). Every GPU write queued on the buffer has
+        // completed (waited for above), and the exclusive borrow of `self` keeps the memory
+        // alive and excludes every other host access to the buffer (plain reads through
+        // `as_slice` included) and every GPU work queued through this crate while the atomic
+        // reference lives; concurrent GPU reads by work queued earlier (a polling kernel) are
+        // made by another agent through the device mapping, as with memory shared with
         // another process, which atomics are the way to observe.
         Ok(unsafe { &*p })
     }
