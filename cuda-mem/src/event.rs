@@ -169,6 +169,8 @@ impl Event {
     }
 
     pub(crate) fn wait_on_inner(&self, stream: &StreamInner) -> Result<()> {
+        // Another thread's per-thread default stream cannot be named here.
+        stream.check_current("Event::wait_on")?;
         let _g = stream.enter()?;
         // SAFETY: both handles are live; a null stream is the legacy stream of its device,
         // made current above.

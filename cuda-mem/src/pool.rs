@@ -529,7 +529,9 @@ impl Pooled {
             // ordered the stream after all pending work on it on other streams, and its own
             // earlier work precedes the free in stream order. Nothing uses the memory
             // afterwards.
-            let code = unsafe { sys::cudaFreeAsync(ptr, s.as_raw()) };
+            // (Another thread's per-thread default stream is named through its device's
+            // legacy stream, which comes after all of its work: `StreamInner::raw`.)
+            let code = unsafe { sys::cudaFreeAsync(ptr, s.inner().raw()) };
             check(code, || format!("cudaFreeAsync({ptr:p}, {s:?})"))
         })
     }
@@ -596,6 +598,7 @@ pub(crate) fn alloc_with(
     op: &'static str,
     raw_alloc: impl Fn() -> Result<*mut c_void>,
 ) -> Result<(NonNull<c_void>, Pooled, Fence)> {
+    stream.inner().check_current(op)?;
     let _g = stream.inner().enter()?;
     let raw = match raw_alloc() {
         Err(e) if e.is_out_of_memory() => {

@@ -3,11 +3,20 @@
 use std::fmt;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
+use std::thread::{self, ThreadId};
 
 use cuda_mem_sys as sys;
 
 use crate::devices::{Device, DeviceGuard};
-use crate::error::{check, check_call, clear_not_ready, Result};
+use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
+
+/// `cudaStreamLegacy`: the legacy default stream of the current device, by name (also in
+/// programs built with per-thread default streams, where the null handle means the
+/// per-thread one; this crate's runtime calls are the legacy ones, so null is legacy here).
+const LEGACY_HANDLE: usize = 1;
+/// `cudaStreamPerThread`: the calling thread's per-thread default stream of the current
+/// device: a different stream on every thread.
+const PER_THREAD_HANDLE: usize = 2;
 
 /// The shared part of a [`Stream`]: fences keep a clone, so that a stream whose buffers still
 /// have work recorded on them is destroyed only once that bookkeeping is gone.
@@ -15,6 +24,9 @@ pub(crate) struct StreamInner {
     raw: sys::cudaStream_t,
     owned: bool,
     device: i32,
+    /// For a per-thread default stream (`cudaStreamPerThread`), the thread whose stream it
+    /// is: the same handle names another stream on every other thread.
+    thread: Option<ThreadId>,
     /// What keeps a borrowed handle valid, where this crate can hold it: another library's
     /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
     _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
@@ -28,8 +40,25 @@ unsafe impl Send for StreamInner {}
 unsafe impl Sync for StreamInner {}
 
 impl StreamInner {
+    /// The handle to pass to the runtime on the calling thread. A per-thread default stream
+    /// seen from another thread than its own cannot be named there (the handle would name that
+    /// thread's stream): the legacy default stream of its device stands in, for the fence's
+    /// records and a pooled buffer's free, which may run on any thread. The legacy stream
+    /// waits for all earlier work of the device's blocking streams, every thread's per-thread
+    /// stream included, so an event recorded there covers the per-thread stream's work, and
+    /// work queued there comes after it. Queueing the caller's own work on another thread's
+    /// per-thread stream is refused ([`check_current`](Self::check_current)).
+    #[inline]
     pub(crate) fn raw(&self) -> sys::cudaStream_t {
-        self.raw
+        match self.thread {
+            Some(t) if t != thread::current().id() => LEGACY_HANDLE as sys::cudaStream_t,
+            _ => self.raw,
+        }
+    }
+
+    /// Whether this is a per-thread default stream of another thread than the calling one.
+    pub(crate) fn is_foreign_per_thread(&self) -> bool {
+        self.thread.is_some_and(|t| t != thread::current().id())
     }
 
     pub(crate) fn device(&self) -> i32 {
@@ -41,7 +70,9 @@ impl StreamInner {
     /// device is current. Owned streams carry their context, so they need nothing.
     #[inline]
     pub(crate) fn enter(&self) -> Result<Option<DeviceGuard>> {
-        if self.raw.is_null() {
+        // The null, legacy and per-thread handles (0, 1, 2) all mean a stream of the current
+        // device.
+        if (self.raw as usize) <= PER_THREAD_HANDLE {
             self.enter_legacy()
         } else {
             Ok(None)
@@ -57,25 +88,42 @@ impl StreamInner {
             .map(Some)
     }
 
-    /// Refuses work queued on a legacy default stream of another device than the current one:
-    /// the runtime would queue it on the current device's legacy stream instead.
+    /// Refuses work queued on a legacy or per-thread default stream of another device than
+    /// the current one (the runtime would queue it on the current device's stream instead),
+    /// and work queued on a per-thread default stream from another thread than its own (the
+    /// handle would name that thread's stream).
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
-        if self.raw.is_null() {
+        if (self.raw as usize) <= PER_THREAD_HANDLE {
             crate::devices::require_same(op, self.device, crate::devices::current_ordinal())?;
+        }
+        if self.is_foreign_per_thread() {
+            return Err(Misuse::InvalidArgument {
+                op,
+                reason: "the stream is another thread's per-thread default stream \
+                         (cudaStreamPerThread names a different stream on every thread): \
+                         queue work on it from the thread that made it"
+                    .to_string(),
+            }
+            .into());
         }
         Ok(())
     }
 
     /// Whether two handles name the same stream: the same handle on the same device (the
-    /// legacy default stream is one per device).
+    /// legacy default stream is one per device) and, for per-thread default streams, of the
+    /// same thread.
     pub(crate) fn same(a: &StreamInner, b: &StreamInner) -> bool {
-        a.raw == b.raw && a.device == b.device
+        a.raw == b.raw && a.device == b.device && a.thread == b.thread
     }
 }
 
 impl fmt::Debug for StreamInner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "stream {:p} on device {}", self.raw, self.device)
+        write!(f, "stream {:p} on device {}", self.raw, self.device)?;
+        match self.thread {
+            Some(t) => write!(f, " (per-thread default stream of {t:?})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -148,6 +196,7 @@ impl Stream {
                 raw,
                 owned: true,
                 device,
+                thread: None,
                 _keeper: None,
             }),
         })
@@ -155,9 +204,12 @@ impl Stream {
 
     /// Borrows a stream that another library owns (PyTorch, cuBLAS, cudarc, C++ code), for use
     /// wherever a `Stream` goes; it is never destroyed here. `device` is the device it belongs
-    /// to (a null handle is that device's legacy default stream). For cudarc's streams, the
-    /// `cudarc` feature's `interop::cudarc::stream` does the same safely, keeping cudarc's
-    /// handle alive as long as needed.
+    /// to. The null handle and `cudaStreamLegacy` (`0x1`) are that device's legacy default
+    /// stream ([`legacy_default`](Self::legacy_default)); `cudaStreamPerThread` (`0x2`) is the
+    /// *calling thread's* per-thread default stream on `device`
+    /// ([`per_thread`](Self::per_thread)): each thread's is a stream of its own. For cudarc's
+    /// streams, the `cudarc` feature's `interop::cudarc::stream` does the same safely, keeping
+    /// cudarc's handle alive as long as needed.
     ///
     /// # Safety
     /// `raw` must be a valid stream of `device` until the returned value *and every buffer
@@ -165,11 +217,44 @@ impl Stream {
     /// or a host access that waits for that work): buffers record events on their streams
     /// lazily, when someone waits, so they may still use the handle after its last use here.
     pub unsafe fn from_raw(raw: sys::cudaStream_t, device: Device) -> Self {
+        match raw as usize {
+            0 | LEGACY_HANDLE => return Self::legacy_on(device.ordinal()),
+            PER_THREAD_HANDLE => return Self::per_thread_on(device.ordinal()),
+            _ => {}
+        }
         Stream {
             inner: Arc::new(StreamInner {
                 raw,
                 owned: false,
                 device: device.ordinal(),
+                thread: None,
+                _keeper: None,
+            }),
+        }
+    }
+
+    /// The calling thread's per-thread default stream of the current device
+    /// (`cudaStreamPerThread`, what code built with `--default-stream per-thread` uses for
+    /// the null stream): a blocking stream of its own on every thread, which synchronizes with
+    /// the legacy default stream but not with other threads' per-thread streams. Never
+    /// destroyed here.
+    ///
+    /// It is this thread's stream: work queued on it from another thread is refused
+    /// ([`Misuse::InvalidArgument`]). Buffers that used it may be waited for, dropped and freed
+    /// from any thread: the crate then names the stream through the legacy default stream of
+    /// its device, which waits for every blocking stream's earlier work.
+    pub fn per_thread() -> Result<Self> {
+        Ok(Self::per_thread_on(Device::current()?.ordinal()))
+    }
+
+    /// The calling thread's per-thread default stream of device `device`.
+    fn per_thread_on(device: i32) -> Self {
+        Stream {
+            inner: Arc::new(StreamInner {
+                raw: PER_THREAD_HANDLE as sys::cudaStream_t,
+                owned: false,
+                device,
+                thread: Some(thread::current().id()),
                 _keeper: None,
             }),
         }
@@ -188,6 +273,7 @@ impl Stream {
                 raw,
                 owned: false,
                 device: device.ordinal(),
+                thread: None,
                 _keeper: Some(keeper),
             }),
         }
@@ -214,6 +300,7 @@ impl Stream {
                 raw: ptr::null_mut(),
                 owned: false,
                 device,
+                thread: None,
                 _keeper: None,
             })
         };
@@ -237,6 +324,8 @@ impl Stream {
     /// Whether all queued work has completed, without waiting. A not-ready answer leaves the
     /// runtime's last-error state clean (`cudaSuccess`).
     pub fn is_idle(&self) -> Result<bool> {
+        self.inner
+            .check_current("Stream::is_idle (of a per-thread default stream)")?;
         let _g = self.inner.enter()?;
         // SAFETY: `raw` is a live stream handle (or the null stream, of the device made
         // current above).
@@ -247,7 +336,9 @@ impl Stream {
         check(code, || format!("cudaStreamQuery({:p})", self.inner.raw)).map(|()| true)
     }
 
-    /// The raw handle, for calls this crate does not wrap. Stays owned by `self`.
+    /// The raw handle, for calls this crate does not wrap. Stays owned by `self`. (For a
+    /// per-thread default stream, `cudaStreamPerThread`: it names this stream on its own
+    /// thread only.)
     pub fn as_raw(&self) -> sys::cudaStream_t {
         self.inner.raw
     }
@@ -274,12 +365,20 @@ impl Stream {
     }
 }
 
-/// `cudaStreamSynchronize`.
+/// `cudaStreamSynchronize`; for another thread's per-thread default stream, which cannot be
+/// named here, `cudaDeviceSynchronize` of its device (the rare fallback of a fence whose event
+/// record failed, or `Stream::synchronize` from another thread).
 pub(crate) fn sync_stream(s: &StreamInner) -> Result<()> {
     let _g = s.enter()?;
+    if s.is_foreign_per_thread() {
+        // SAFETY: no arguments; the stream's device was made current above.
+        return check(unsafe { sys::cudaDeviceSynchronize() }, || {
+            format!("cudaDeviceSynchronize (for {s:?})")
+        });
+    }
     // SAFETY: `raw` is a live stream handle (kept alive by the caller's borrow), or null (of
     // the device made current above).
-    check(unsafe { sys::cudaStreamSynchronize(s.raw) }, || {
+    check(unsafe { sys::cudaStreamSynchronize(s.raw()) }, || {
         format!("cudaStreamSynchronize({:p})", s.raw)
     })
 }
