@@ -11,6 +11,7 @@ mod device;
 mod differential;
 mod errors;
 mod faults;
+mod holes;
 mod host_speed;
 mod interop;
 mod leaks;
