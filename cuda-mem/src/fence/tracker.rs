@@ -590,9 +590,20 @@ impl<B: Backend> Tracker<B> {
     /// completed: for a read, work that writes; for a write (and before a free), all work.
     /// On error the work may still run: the caller must not touch or free the memory.
     pub fn host_wait(&self, access: Access) -> Result<(), B::Error> {
+        self.host_wait_range(None, access)
+    }
+
+    /// [`host_wait`](Self::host_wait) for host access to the bytes `range` only (a view of
+    /// the buffer): work on other ranges goes on. `None` is the whole buffer.
+    pub fn host_wait_range(
+        &self,
+        range: Option<(usize, usize)>,
+        access: Access,
+    ) -> Result<(), B::Error> {
         // One round: the events recorded under the lock cover every mark made before it. Marks
         // made meanwhile by other threads can only be reads beside a host read or a
-        // `synchronize(&self)` (see the module docs), which this wait need not cover.
+        // `synchronize(&self)`, or work on other ranges of the buffer (disjoint views, see
+        // the module docs), which this wait need not cover.
         let mut targets = Vec::new();
         {
             let mut st = self.lock();
@@ -600,9 +611,10 @@ impl<B: Backend> Tracker<B> {
             let mut i = 0;
             while i < st.entries.len() {
                 let e = &mut st.entries[i];
-                let needed = match access {
-                    Access::Read => e.has_writes(),
-                    Access::Write => !e.is_idle(),
+                let needed = match (range, access) {
+                    (Some(r), _) => e.conflicts(r, access),
+                    (None, Access::Read) => e.has_writes(),
+                    (None, Access::Write) => !e.is_idle(),
                 };
                 if !needed {
                     i += 1;
