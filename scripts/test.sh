@@ -52,7 +52,7 @@ if cargo +nightly miri --version >/dev/null 2>&1; then
   # The unit tests that make no runtime call: size arithmetic, flags, error formatting, copy
   # planning, the fence bookkeeping over a counting backend. (Miri cannot call into cudart.)
   cargo +nightly miri test -p cuda-mem --lib -- \
-    size:: error::tests copy::tests managed::tests pinned::tests kernel::tests fence:: \
+    size:: layout:: error::tests copy::tests managed::tests pinned::tests kernel::tests fence:: \
     pinned_pool::tests staged::tests::chunks_scale pinning::tests::shares \
     pinning::tests::auto pool::tests
   # A pooled buffer's whole bookkeeping (handles, fence, free ordering) on stand-in handles.

@@ -12,8 +12,9 @@ use crate::copy::{self, Loc, Memory, MemoryMut};
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
+use crate::layout::Layout;
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
-use crate::size::{self, fmt_bytes};
+use crate::size::fmt_bytes;
 use crate::stream::Stream;
 
 /// A typed buffer of device memory, freed on drop: `cudaFree`, or for a buffer from a pool
@@ -21,6 +22,12 @@ use crate::stream::Stream;
 ///
 /// Device memory is not accessible from the CPU: move data with [`copy`](crate::copy) or the
 /// methods here. The buffer remembers the device it was allocated on.
+///
+/// Element types aligned to more than 256 bytes (the alignment CUDA documents for its
+/// allocators, and all it promises) are refused before anything is allocated, with
+/// [`Misuse::AlignmentUnsupported`]; every address an allocator returns is checked for `T`'s
+/// alignment too (a misaligned one is given back and refused with [`Misuse::Misaligned`]).
+/// [`from_raw`](Self::from_raw) accepts any alignment that its address has.
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
@@ -89,7 +96,8 @@ impl<T: Pod> DeviceBuffer<T> {
     /// The legacy default stream of any device may be passed: its device is made current for
     /// the calls that need it.
     ///
-    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`]; [`Misuse::InvalidArgument`]
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::AlignmentUnsupported`]; [`Misuse::InvalidArgument`]
     /// for a host pool (use [`PinnedBuffer::from_pool`](crate::PinnedBuffer::from_pool)).
     pub fn from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
         Self::pool_alloc(pool, len, stream, "DeviceBuffer::from_pool")
@@ -105,7 +113,7 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 
     fn pool_alloc(pool: &MemPool, len: usize, stream: &Stream, op: &'static str) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, op)?;
+        let layout = Layout::<T>::of(len, op)?;
         let PoolLocation::Device(device) = pool.location() else {
             return Err(Misuse::InvalidArgument {
                 op,
@@ -113,9 +121,9 @@ impl<T: Pod> DeviceBuffer<T> {
             }
             .into());
         };
-        let (ptr, pooled, fence) = pool::alloc(pool, bytes, stream, op)?;
+        let (ptr, pooled, fence) = pool::alloc_for(pool, &layout, stream, op)?;
         Ok(DeviceBuffer {
-            ptr: ptr.cast(),
+            ptr,
             len,
             device,
             fence,
@@ -136,12 +144,18 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// `cudaMalloc`, with `op` naming the public constructor in misuse errors.
     fn malloc(len: usize, op: &'static str) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, op)?;
+        let layout = Layout::<T>::of(len, op)?;
+        let bytes = layout.bytes();
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `bytes` is non-zero and fits in isize.
         let code = unsafe { sys::cudaMalloc(&mut raw, bytes) };
         check(code, || format!("cudaMalloc({})", fmt_bytes(bytes)))?;
-        let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer { op: "cudaMalloc" })?;
+        let ptr = layout.place(raw, "cudaMalloc", |p| {
+            // SAFETY: the allocation just made, refused before anything used it.
+            check(unsafe { sys::cudaFree(p.as_ptr()) }, || {
+                format!("cudaFree({p:p})")
+            })
+        })?;
         Ok(Self::adopt(ptr, len))
     }
 
@@ -223,7 +237,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// `ptr` must come from `cudaMalloc` on the current device, hold at least `len` elements,
     /// not be freed elsewhere, and not be owned by anything else.
     pub unsafe fn from_raw(ptr: *mut T, len: usize) -> Result<Self> {
-        let ptr = size::raw_parts(ptr, len, "DeviceBuffer::from_raw")?;
+        let ptr = Layout::adopt(ptr, len, "DeviceBuffer::from_raw")?;
         Ok(Self::adopt(ptr, len))
     }
 

@@ -214,6 +214,14 @@ pub enum Misuse {
         /// The alignment the element type needs.
         align: usize,
     },
+    /// An allocation for an element type aligned to more than CUDA's allocators guarantee
+    /// (256 bytes): refused before anything is allocated.
+    AlignmentUnsupported {
+        /// The alignment the element type needs (`align_of::<T>()`).
+        align: usize,
+        /// The largest alignment an allocation accepts.
+        max: usize,
+    },
     /// Flag bits this operation does not accept.
     InvalidFlags {
         /// The operation.
@@ -293,6 +301,11 @@ impl fmt::Display for Misuse {
             Misuse::Misaligned { addr, align } => {
                 write!(f, "pointer {addr:#x} is not aligned to {align} bytes")
             }
+            Misuse::AlignmentUnsupported { align, max } => write!(
+                f,
+                "cannot allocate elements aligned to {align} bytes: CUDA allocators guarantee \
+                 {max}-byte alignment, so element types may be aligned to {max} bytes at most"
+            ),
             Misuse::InvalidFlags { op, flags } => write!(f, "{op}: invalid flags {flags:#x}"),
             Misuse::DeviceOutOfRange { ordinal, count } => write!(
                 f,
@@ -484,7 +497,7 @@ mod tests {
 
     #[test]
     fn misuse_messages() {
-        let cases: [(Misuse, &str); 5] = [
+        let cases: [(Misuse, &str); 7] = [
             (
                 Misuse::ZeroLength {
                     op: "DeviceBuffer::uninit",
@@ -516,6 +529,21 @@ mod tests {
                     count: 1,
                 },
                 "device ordinal 7 is out of range: 1 device(s) present",
+            ),
+            (
+                Misuse::Misaligned {
+                    addr: 0x1600,
+                    align: 4096,
+                },
+                "pointer 0x1600 is not aligned to 4096 bytes",
+            ),
+            (
+                Misuse::AlignmentUnsupported {
+                    align: 512,
+                    max: 256,
+                },
+                "cannot allocate elements aligned to 512 bytes: CUDA allocators guarantee \
+                 256-byte alignment, so element types may be aligned to 256 bytes at most",
             ),
         ];
         for (m, text) in cases {

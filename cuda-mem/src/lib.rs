@@ -55,6 +55,7 @@ mod event;
 mod fence;
 mod flags;
 pub mod interop;
+mod layout;
 mod managed;
 mod mapped;
 mod peer;

@@ -17,7 +17,8 @@ use crate::copy::Loc;
 use crate::devices::Device;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::size::{self, fmt_bytes};
+use crate::layout::Layout;
+use crate::size::fmt_bytes;
 use crate::stream::{Stream, StreamInner};
 
 /// `cudaCpuDeviceId`: the host, where the API takes a device ordinal.
@@ -122,6 +123,12 @@ impl Advice {
 /// Host access waits for GPU work recorded on the buffer (prefetches, async copies and
 /// memsets, kernels given its address through [`device_ptr`](crate::DevicePtr::device_ptr) or
 /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut)).
+///
+/// Element types aligned to more than 256 bytes (the alignment CUDA documents for its
+/// allocators, and all it promises) are refused before anything is allocated, with
+/// [`Misuse::AlignmentUnsupported`]; every address an allocator returns is checked for `T`'s
+/// alignment too (a misaligned one is given back and refused with [`Misuse::Misaligned`]).
+/// [`from_raw`](Self::from_raw) accepts any alignment that its address has.
 ///
 /// # Devices without concurrent managed access
 ///
@@ -231,7 +238,7 @@ impl<T: Pod> ManagedBuffer<T> {
     /// least `len` initialised elements, not be freed elsewhere, not be owned by anything
     /// else, and have no GPU work pending on it.
     pub unsafe fn from_raw(ptr: *mut T, len: usize, attach: Attach) -> Result<Self> {
-        let p = size::raw_parts(ptr, len, "ManagedBuffer::from_raw")?;
+        let p = Layout::adopt(ptr, len, "ManagedBuffer::from_raw")?;
         if attach == Attach::Single {
             return Err(Misuse::InvalidFlags {
                 op: "ManagedBuffer::from_raw (SINGLE: adopt as GLOBAL or HOST, then attach)",
@@ -274,7 +281,8 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     fn alloc(len: usize, attach: Attach, op: &'static str) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, op)?;
+        let layout = Layout::<T>::of(len, op)?;
+        let bytes = layout.bytes();
         if attach == Attach::Single {
             return Err(Misuse::InvalidFlags {
                 op: "cudaMallocManaged (SINGLE is only for cudaStreamAttachMemAsync)",
@@ -304,8 +312,11 @@ impl<T: Pod> ManagedBuffer<T> {
         check(code, || {
             format!("cudaMallocManaged({}, {attach:?})", fmt_bytes(bytes))
         })?;
-        let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer {
-            op: "cudaMallocManaged",
+        let ptr = layout.place(raw, "cudaMallocManaged", |p| {
+            // SAFETY: the allocation just made, refused before anything used it.
+            check(unsafe { sys::cudaFree(p.as_ptr()) }, || {
+                format!("cudaFree({p:p})")
+            })
         })?;
         let buf = Self::adopt(ptr, len, dev.ordinal(), concurrent_access, attach);
         Ok(buf)

@@ -19,10 +19,11 @@ use crate::copy::Loc;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
+use crate::layout::Layout;
 use crate::pinned_pool::{BlockOwner, PoolRef};
 use crate::pinning::{self, Block, PinStrategy};
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
-use crate::size::{self, fmt_bytes};
+use crate::size::fmt_bytes;
 use crate::stream::Stream;
 
 flag_set! {
@@ -48,6 +49,12 @@ flag_set! {
 ///
 /// Host access ([`as_slice`](Self::as_slice), [`as_mut_slice`](Self::as_mut_slice)) first
 /// waits for asynchronous work queued on the buffer, which is why it returns a `Result`.
+///
+/// Element types aligned to more than 256 bytes (the alignment CUDA documents for its
+/// allocators, and all it promises) are refused before anything is allocated, with
+/// [`Misuse::AlignmentUnsupported`]; every address an allocator returns is checked for `T`'s
+/// alignment too (a misaligned one is given back and refused with [`Misuse::Misaligned`]).
+/// [`from_raw`](Self::from_raw) accepts any alignment that its address has.
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
@@ -91,6 +98,16 @@ impl_buffer!(
     pooled,
     block
 );
+
+/// `cudaFreeHost` of an allocation refused by [`Layout::place`].
+fn free_host<U>(p: NonNull<U>) -> Result<()> {
+    let p = p.as_ptr();
+    // SAFETY: `p` is a `cudaHostAlloc`/`cudaMallocHost` allocation just made, refused before
+    // anything used it.
+    check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
+        format!("cudaFreeHost({p:p})")
+    })
+}
 
 /// The device address of page-locked host memory (`cudaHostGetDevicePointer`): for memory
 /// allocated or registered MAPPED, or any pinned memory under unified addressing.
@@ -154,20 +171,23 @@ impl<T: Pod> PinnedBuffer<T> {
         flags: HostAllocFlags,
         op: &'static str,
     ) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, op)?;
-        let p = pinning::cuda_host_alloc(bytes, flags)?;
-        Self::adopt(p.as_ptr().cast(), len, flags, "cudaHostAlloc")
+        let layout = Layout::<T>::of(len, op)?;
+        let p = pinning::cuda_host_alloc(layout.bytes(), flags)?;
+        let ptr = layout.place(p.as_ptr(), "cudaHostAlloc", free_host)?;
+        Ok(Self::adopt(ptr, len, flags))
     }
 
     /// Allocates `len` zeroed elements with `cudaMallocHost` (the same as
     /// `cudaHostAlloc(DEFAULT)`).
     pub fn malloc_host(len: usize) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, "PinnedBuffer::malloc_host")?;
+        let layout = Layout::<T>::of(len, "PinnedBuffer::malloc_host")?;
+        let bytes = layout.bytes();
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid out-pointer; `bytes` is non-zero.
         let code = unsafe { sys::cudaMallocHost(&mut raw, bytes) };
         check(code, || format!("cudaMallocHost({})", fmt_bytes(bytes)))?;
-        let mut buf = Self::adopt(raw, len, HostAllocFlags::DEFAULT, "cudaMallocHost")?;
+        let ptr = layout.place(raw, "cudaMallocHost", free_host)?;
+        let mut buf = Self::adopt(ptr, len, HostAllocFlags::DEFAULT);
         buf.zero_fill();
         Ok(buf)
     }
@@ -183,18 +203,13 @@ impl<T: Pod> PinnedBuffer<T> {
     /// [`HostAllocFlags::DEFAULT`]), hold at least `len` initialised elements, not be freed
     /// elsewhere, not be owned by anything else, and have no GPU work pending on it.
     pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
-        let p = size::raw_parts(ptr, len, "PinnedBuffer::from_raw")?;
-        Self::adopt(p.as_ptr().cast(), len, flags, "PinnedBuffer::from_raw")
+        let p = Layout::adopt(ptr, len, "PinnedBuffer::from_raw")?;
+        Ok(Self::adopt(p, len, flags))
     }
 
-    fn adopt(
-        raw: *mut std::os::raw::c_void,
-        len: usize,
-        flags: HostAllocFlags,
-        op: &'static str,
-    ) -> Result<Self> {
-        let ptr = NonNull::new(raw.cast::<T>()).ok_or(Misuse::NullPointer { op })?;
-        Ok(PinnedBuffer {
+    /// Owns `ptr`, memory of `len` elements to free with `cudaFreeHost`.
+    fn adopt(ptr: NonNull<T>, len: usize, flags: HostAllocFlags) -> Self {
+        PinnedBuffer {
             ptr,
             len,
             flags,
@@ -202,7 +217,7 @@ impl<T: Pod> PinnedBuffer<T> {
             pooled: None,
             block: None,
             _owns: PhantomData,
-        })
+        }
     }
 
     /// Allocates `len` elements of pinned host memory from the host pool `pool`
@@ -217,7 +232,8 @@ impl<T: Pod> PinnedBuffer<T> {
     /// [`MemPool::set_access`]) may touch it: work on another device's stream is refused by
     /// the runtime, not checked here.
     ///
-    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`]; [`Misuse::InvalidArgument`]
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::AlignmentUnsupported`]; [`Misuse::InvalidArgument`]
     /// for a device pool; out of memory as for
     /// [`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool).
     pub fn from_pool(pool: &MemPool, len: usize, stream: &Stream) -> Result<Self> {
@@ -247,7 +263,7 @@ impl<T: Pod> PinnedBuffer<T> {
         stream: &Stream,
         op: &'static str,
     ) -> Result<Self> {
-        let bytes = size::alloc_bytes::<T>(len, op)?;
+        let layout = Layout::<T>::of(len, op)?;
         if pool.location() != PoolLocation::Host {
             return Err(Misuse::InvalidArgument {
                 op,
@@ -255,9 +271,9 @@ impl<T: Pod> PinnedBuffer<T> {
             }
             .into());
         }
-        let (ptr, pooled, fence) = pool::alloc(pool, bytes, stream, op)?;
+        let (ptr, pooled, fence) = pool::alloc_for(pool, &layout, stream, op)?;
         Ok(PinnedBuffer {
-            ptr: ptr.cast(),
+            ptr,
             len,
             flags: HostAllocFlags::DEFAULT,
             fence,
@@ -275,39 +291,34 @@ impl<T: Pod> PinnedBuffer<T> {
     /// memory by `MapRegister`, or no threads.
     pub fn with_strategy(len: usize, flags: HostAllocFlags, strategy: PinStrategy) -> Result<Self> {
         const OP: &str = "PinnedBuffer::with_strategy";
-        let bytes = size::alloc_bytes::<T>(len, OP)?;
-        let (block, _) = Block::alloc(bytes, flags, strategy)?;
-        // SAFETY: a new block of `bytes` zeroed (initialised) bytes, owned by the buffer.
-        unsafe { Self::from_block(block, len, flags, None) }
+        let layout = Layout::<T>::of(len, OP)?;
+        let (block, _) = Block::alloc(layout.bytes(), flags, strategy)?;
+        // SAFETY: a new block of `layout.bytes()` zeroed (initialised) bytes, owned by the
+        // buffer.
+        unsafe { Self::from_block(block, layout, flags, None) }
     }
 
-    /// A buffer of `len` elements over `block`, which goes back to `pool` (with its size
-    /// class) or is freed on release.
+    /// A buffer of `layout` over `block`, which goes back to `pool` (with its size class) or
+    /// is freed on release; a block misaligned for `T` goes back (or is freed) at once.
     ///
     /// # Safety
-    /// `block` holds at least `len * size_of::<T>()` initialised bytes with `flags` and is
-    /// owned by nothing else.
+    /// `block` holds at least `layout.bytes()` initialised bytes with `flags` and is owned by
+    /// nothing else.
     pub(crate) unsafe fn from_block(
         block: Block,
-        len: usize,
+        layout: Layout<T>,
         flags: HostAllocFlags,
         pool: Option<(PoolRef, usize)>,
     ) -> Result<Self> {
-        let ptr = block.ptr().cast::<T>();
+        let raw = block.ptr().as_ptr();
         let owner = BlockOwner { block, pool };
-        if ptr.as_ptr() as usize % std::mem::align_of::<T>() != 0 {
-            let align = std::mem::align_of::<T>();
-            // Hand the block back (no GPU work can use it yet).
-            let _ = owner.release(flags, &mut Fence::default());
-            return Err(Misuse::Misaligned {
-                addr: ptr.as_ptr() as usize,
-                align,
-            }
-            .into());
-        }
+        // A refused block is handed back: no GPU work can use it yet.
+        let (ptr, owner) = layout.place_owned(raw, "pinned block", owner, |_, owner| {
+            owner.release(flags, &mut Fence::default())
+        })?;
         Ok(PinnedBuffer {
             ptr,
-            len,
+            len: layout.len(),
             flags,
             fence: Fence::default(),
             pooled: None,

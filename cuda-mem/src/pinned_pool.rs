@@ -24,6 +24,10 @@
 //!   much was cached and in use.
 //! - **Contents**: a fresh block is zeroed; a reused one holds what its previous user left.
 //!   Both are initialised bytes, valid for any [`Pod`] type, so the allocation is safe.
+//! - **Alignment**: element types aligned to more than 256 bytes are refused
+//!   ([`Misuse::AlignmentUnsupported`]), as by every allocation of this crate: a block made
+//!   by `cudaHostAlloc` is only promised that much. A block not aligned for `T` would go
+//!   back to the pool, the request refused with [`Misuse::Misaligned`].
 //! - Blocks are made by [`PinStrategy`] ([`PinStrategy::Auto`] by default: fast cold pinning
 //!   for large blocks); the statistics count the time spent making and freeing them.
 
@@ -38,9 +42,10 @@ use bytemuck::Pod;
 use crate::error::{Error, Misuse, Result};
 use crate::event::Event;
 use crate::fence::{Access, Fence};
+use crate::layout::Layout;
 use crate::pinned::{HostAllocFlags, PinnedBuffer};
 use crate::pinning::{Block, PinStrategy};
-use crate::size::{self, fmt_bytes};
+use crate::size::fmt_bytes;
 
 /// Smallest size class: one page.
 const MIN_CLASS: usize = 4096;
@@ -387,25 +392,27 @@ impl PinnedPool {
     ///
     /// The buffer goes back to the pool on drop, without waiting for GPU work that uses it.
     ///
-    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`];
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::AlignmentUnsupported`] for an element type aligned to more than 256 bytes;
     /// out of memory after emptying the cache and one retry, with the pool's statistics.
     pub fn alloc<T: Pod>(&self, len: usize, flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
         const OP: &str = "PinnedPool::alloc";
-        let bytes = size::alloc_bytes::<T>(len, OP)?;
+        let layout = Layout::<T>::of(len, OP)?;
         let key = Key {
-            class: class_of(bytes).ok_or(Misuse::SizeOverflow {
+            class: class_of(layout.bytes()).ok_or(Misuse::SizeOverflow {
                 len,
                 elem_size: std::mem::size_of::<T>(),
             })?,
             flags: flags.bits(),
         };
         let block = self.take_or_make(key, flags)?;
-        // SAFETY: the block holds `key.class >= bytes` initialised bytes (see the module
-        // docs) and is owned by the buffer from now on; `from_block` checks the alignment.
+        // SAFETY: the block holds `key.class >= layout.bytes()` initialised bytes (see the
+        // module docs) and is owned by the buffer from now on; `from_block` checks the
+        // alignment.
         unsafe {
             PinnedBuffer::from_block(
                 block,
-                len,
+                layout,
                 flags,
                 Some((self.as_ref_for_buffer(), key.class)),
             )

@@ -24,6 +24,7 @@ use cuda_mem_sys as sys;
 use crate::devices::Device;
 use crate::error::{check, Error, ErrorCode, Misuse, Result};
 use crate::fence::{Access, Fence};
+use crate::layout::Layout;
 use crate::size::fmt_bytes;
 use crate::stream::Stream;
 
@@ -587,6 +588,25 @@ pub(crate) fn alloc(
         })
         .map(|()| raw)
     })
+}
+
+/// [`alloc`] of `layout`'s bytes for elements of `T`, the address checked by
+/// [`Layout::place_owned`]: a misaligned one is freed on `stream` (`cudaFreeAsync`) before the
+/// refusal.
+pub(crate) fn alloc_for<T>(
+    pool: &MemPool,
+    layout: &Layout<T>,
+    stream: &Stream,
+    op: &'static str,
+) -> Result<(NonNull<T>, Pooled, Fence)> {
+    let (raw, pooled, fence) = alloc(pool, layout.bytes(), stream, op)?;
+    let (ptr, (pooled, fence)) = layout.place_owned(
+        raw.as_ptr(),
+        "cudaMallocFromPoolAsync",
+        (pooled, fence),
+        |p, (pooled, mut fence)| pooled.free(p.as_ptr(), layout.bytes(), &mut fence),
+    )?;
+    Ok((ptr, pooled, fence))
 }
 
 /// [`alloc`] with the runtime call `raw_alloc` (the ablation seam of

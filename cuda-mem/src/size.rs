@@ -3,9 +3,11 @@
 //! Pure code with no runtime calls, so Miri can run its tests.
 
 use crate::error::{Misuse, Result};
+use crate::layout::Layout;
 
 /// `len * size_of::<T>()`, or [`Misuse::SizeOverflow`]; [`Misuse::ZeroLength`] when `len` is 0
-/// (no CUDA allocator accepts zero bytes usefully) or `T` is zero-sized.
+/// (no CUDA allocator accepts zero bytes usefully) or `T` is zero-sized. Alignment is not
+/// checked: allocations take their size from [`Layout::of`], which does.
 pub(crate) fn alloc_bytes<T>(len: usize, op: &'static str) -> Result<usize> {
     let elem_size = std::mem::size_of::<T>();
     if len == 0 || elem_size == 0 {
@@ -23,22 +25,13 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
 }
 
 /// Checks the parts of memory allocated elsewhere (`from_raw`): not null, a non-zero length
-/// whose bytes fit, aligned for `T`.
+/// whose bytes fit, aligned for `T`. The memory contract's check, [`Layout::adopt`].
 pub(crate) fn raw_parts<T>(
     ptr: *mut T,
     len: usize,
     op: &'static str,
 ) -> Result<std::ptr::NonNull<T>> {
-    let p = std::ptr::NonNull::new(ptr).ok_or(Misuse::NullPointer { op })?;
-    alloc_bytes::<T>(len, op)?;
-    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(Misuse::Misaligned {
-            addr: ptr as usize,
-            align: std::mem::align_of::<T>(),
-        }
-        .into());
-    }
-    Ok(p)
+    Layout::adopt(ptr, len, op)
 }
 
 /// Checks that a copy's two sides have the same length in elements.

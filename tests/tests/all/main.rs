@@ -5,6 +5,7 @@
 //! Run them one at a time on a GPU (`--test-threads=1`): the leak and out-of-memory tests read
 //! device-wide free memory.
 
+mod alignment;
 mod concurrency;
 mod copies;
 mod device;
