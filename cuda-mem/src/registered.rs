@@ -279,7 +279,7 @@ impl<T: Pod> RegisteredSlice<'_, T> {
 
     /// The contents, writable, after waiting for all recorded GPU work.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         Ok(self.reg.slice_mut())
     }
 }
@@ -295,8 +295,10 @@ struct End<'e, 'r, T: Pod> {
 
 impl<T: Pod> Drop for End<'_, '_, T> {
     fn drop(&mut self) {
-        let s = &self.slice;
-        let waited = s.fence.host_wait(Access::Write);
+        let s = &mut self.slice;
+        // Exclusive: the closure is over, so no guard can still be queueing (the count of
+        // any it leaked with `mem::forget` is dropped, and the wait covers every mark).
+        let waited = s.fence.host_wait_mut(Access::Write);
         if let Err(e) = &waited {
             // A sticky error ends all work with the context: nothing can still use the pages.
             // Any other failure leaves the work possibly running, on memory about to go back
@@ -409,7 +411,7 @@ impl<T: Pod> RegisteredVec<T> {
     /// leaked (still registered) and the error returned.
     pub fn into_raw(self) -> Result<(*mut T, usize, usize)> {
         let mut me = ManuallyDrop::new(self);
-        let waited = me.fence.host_wait(Access::Write);
+        let waited = me.fence.host_wait_mut(Access::Write);
         // SAFETY: `me` is never used or dropped again. Only the fence is dropped, once; the
         // Vec and the registration pass to the caller (or are leaked, on error).
         unsafe { std::ptr::drop_in_place(&mut me.fence) };
@@ -426,7 +428,7 @@ impl<T: Pod> RegisteredVec<T> {
         let mut me = ManuallyDrop::new(self);
         let result = me
             .fence
-            .host_wait(Access::Write)
+            .host_wait_mut(Access::Write)
             .and_then(|()| me.reg.unregister());
         // SAFETY: `me` is never used or dropped again. The fence is dropped once, here; the
         // Vec is moved out only when its memory is unused and unregistered (else leaked).
@@ -449,7 +451,7 @@ impl<T: Pod> RegisteredVec<T> {
 
     /// The contents, writable, after waiting for all recorded GPU work.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         Ok(self.reg.slice_mut())
     }
 
@@ -464,7 +466,7 @@ impl<T: Pod> Drop for RegisteredVec<T> {
     fn drop(&mut self) {
         // Drop never panics. Leak rather than free when in doubt: if pending work cannot be
         // waited for, or the range cannot be unregistered, the `Vec` is not freed.
-        if self.fence.host_wait(Access::Write).is_ok() && self.reg.unregister().is_ok() {
+        if self.fence.host_wait_mut(Access::Write).is_ok() && self.reg.unregister().is_ok() {
             // SAFETY: dropped once, here; the memory is no longer registered or used.
             unsafe { ManuallyDrop::drop(&mut self.vec) };
         }
