@@ -88,9 +88,10 @@ impl<T: Pod> Registration<T> {
         }
     }
 
-    /// The device address of the range, for kernels: looked up once (see `device`). Under
-    /// unified addressing (every platform this crate runs on) a mapped host range has one
-    /// device address for all devices, so one lookup serves every stream.
+    /// The device address of the range, for kernels: looked up once (see `device`), on the
+    /// device current at the first use. Under unified addressing (every 64-bit platform
+    /// current CUDA supports) a mapped host range has one address in every context it is
+    /// mapped into, so one lookup serves every stream.
     fn device_addr(&self) -> Result<*const T> {
         if let Some(&addr) = self.device.get() {
             return Ok(addr as *const T);
