@@ -10,9 +10,11 @@
 //! free(h);
 //! ```
 //!
-//! A borrowed slice ([`RegisteredSlice`]) allows synchronous copies; a `Vec` moved into a
-//! [`RegisteredVec`] also allows asynchronous copies and kernels (with
-//! `cudaHostRegisterMapped`, through `cudaHostGetDevicePointer`).
+//! A borrowed slice is registered for the length of a closure ([`RegisteredSlice::register`]),
+//! which ends the registration itself: it waits for the work queued on it, then unregisters.
+//! A `Vec` moved into a [`RegisteredVec`] stays registered until it drops. Both allow
+//! asynchronous copies and kernels (with `cudaHostRegisterMapped`, through
+//! `cudaHostGetDevicePointer`).
 //!
 //! Run: `cargo run -p cuda-mem --example registered`
 
@@ -36,18 +38,20 @@ fn main() -> anyhow::Result<()> {
     let stream = Stream::new()?;
     let mut dev = DeviceBuffer::<u32>::uninit(N)?;
 
-    // A borrowed Vec, registered for as long as `reg` lives: synchronous copies only.
+    // A borrowed Vec, registered while the closure runs: the C++ tutorial above.
     let mut data: Vec<u32> = (0..N as u32).map(|i| i.rotate_left(7)).collect();
     let expected = data.clone();
     let data_ptr = data.as_ptr();
-    let reg = RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT)?;
-    let kind = pointer_info(data_ptr)?.kind;
+    let kind = RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT, |reg| {
+        let kind = pointer_info(data_ptr)?.kind;
+        // cudaMemcpyAsync HostToDevice, DMA from the Vec's own pages
+        copy_async(&mut dev, reg, &stream)?;
+        Ok(kind)
+    })?; // waits for the copy (the cudaStreamSynchronize), then cudaHostUnregister
     ensure!(
         kind == PointerKind::PinnedHost,
         "registered Vec classified as {kind:?}"
     );
-    copy(&mut dev, &reg)?; // cudaMemcpy HostToDevice, DMA from the Vec's own pages
-    reg.unregister()?; // cudaHostUnregister, reporting failure
     let kind = pointer_info(data_ptr)?.kind;
     ensure!(
         kind == PointerKind::UnregisteredHost,
@@ -57,7 +61,7 @@ fn main() -> anyhow::Result<()> {
         dev.to_vec()? == expected,
         "copy from the registered slice changed the data"
     );
-    println!("cudaHostRegister(Default) + cudaMemcpy + cudaHostUnregister: {N} u32 checked");
+    println!("cudaHostRegister(Default) + cudaMemcpyAsync + cudaHostUnregister: {N} u32 checked");
 
     // A Vec moved in: asynchronous copies are sound, since it cannot be freed or touched
     // while they run (host access waits for them).
@@ -73,12 +77,21 @@ fn main() -> anyhow::Result<()> {
         dev.to_vec()?.iter().all(|&v| v == 1),
         "asynchronous copy back changed the data"
     );
-    let back = owned.into_vec()?; // waits, unregisters, returns the Vec
+    let mut back = owned.into_vec()?; // waits, unregisters, returns the Vec
     ensure!(
         back.iter().all(|&v| v == 1),
         "the returned Vec lost its contents"
     );
     println!("RegisteredVec(Portable) + cudaMemcpyAsync both ways: checked");
+
+    // A synchronous copy into a registered slice: DMA straight into the Vec's pages.
+    copy(&mut dev, &expected)?;
+    RegisteredSlice::register(&mut back, HostRegisterFlags::DEFAULT, |reg| copy(reg, &dev))?;
+    ensure!(
+        back == expected,
+        "synchronous copy into the registered slice"
+    );
+    println!("cudaHostRegister(Default) + cudaMemcpy DeviceToHost: checked");
 
     // cudaHostRegisterMapped: a kernel writes the Vec in place through its device pointer.
     let mut mapped = RegisteredVec::register(vec![0u32; N], HostRegisterFlags::MAPPED)?;

@@ -17,11 +17,9 @@
 //! rely on instead: the copy is **recorded** on the fences of the buffers it may still touch,
 //! as work of the legacy default stream, so that host access to them, their drop, and any
 //! asynchronous work through this crate on any stream (non-blocking ones included) are ordered
-//! after it. Where a side has no fence (a plain slice, a [`RegisteredSlice`]) the copy is
-//! **completed** instead (`cudaStreamSynchronize` on the legacy stream) before `copy` returns.
-//! Every other copy is complete when `cudaMemcpy` returns.
-//!
-//! [`RegisteredSlice`]: crate::RegisteredSlice
+//! after it. Where a side has no fence (a plain slice or `Vec`) the copy is **completed**
+//! instead (`cudaStreamSynchronize` on the legacy stream) before `copy` returns. Every other
+//! copy is complete when `cudaMemcpy` returns.
 
 use std::mem::size_of;
 

@@ -8,7 +8,7 @@
 //! | pinned host | [`PinnedBuffer`] | `cudaHostAlloc` (flags [`HostAllocFlags`]), `cudaMallocHost` / `cudaFreeHost` |
 //! | zero-copy mapped | [`MappedBuffer`], [`alloc_mapped`], [`alloc_mapped_uva`] | `cudaHostAlloc(Mapped)` + `cudaHostGetDevicePointer` |
 //! | managed (unified) | [`ManagedBuffer`] | `cudaMallocManaged`, `cudaMemPrefetchAsync`, `cudaMemAdvise` |
-//! | registered host | [`RegisteredSlice`], [`RegisteredVec`] | `cudaHostRegister` / `cudaHostUnregister` |
+//! | registered host | [`RegisteredSlice::register`] (a borrowed slice, for the length of a closure), [`RegisteredVec`] | `cudaHostRegister` / `cudaHostUnregister` |
 //! | stream-ordered (pooled) | [`MemPool`], [`DeviceBuffer::from_pool`], [`PinnedBuffer::from_pool`] | `cudaMemPoolCreate`, `cudaMallocFromPoolAsync` / `cudaFreeAsync` |
 //! | cached pinned host | [`PinnedPool`] (and [`PinStrategy`] for fast cold pinning) | `cudaHostAlloc` behind a cache, or `mmap` + `cudaHostRegister` |
 //!

@@ -1,5 +1,6 @@
 //! Registered host memory: an existing slice or `Vec` pinned in place (`cudaHostRegister`),
-//! unregistered on drop (`cudaHostUnregister`).
+//! unregistered (`cudaHostUnregister`) when the closure that uses a slice returns
+//! ([`RegisteredSlice::register`]), or when a [`RegisteredVec`] drops.
 //!
 //! Registration locks the pages the memory already has, which avoids a copy into a separate
 //! pinned buffer; it still costs milliseconds per hundred MiB, so register long-lived buffers.
@@ -17,8 +18,10 @@
 //! its owner's business.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
@@ -49,6 +52,11 @@ struct Registration<T> {
     ptr: NonNull<T>,
     len: usize,
     flags: HostRegisterFlags,
+    /// The device address (`cudaHostGetDevicePointer`), looked up on first use and kept for
+    /// the registration's life, as C++ code looks it up once per buffer. Only a success is
+    /// kept: memory registered without MAPPED may have no device address on some systems,
+    /// and that error comes back at every use.
+    device: OnceLock<usize>,
 }
 
 impl<T: Pod> Registration<T> {
@@ -66,12 +74,31 @@ impl<T: Pod> Registration<T> {
             ptr: NonNull::from(slice).cast(),
             len: bytes / std::mem::size_of::<T>(),
             flags,
+            device: OnceLock::new(),
         })
     }
 
     /// A registration made elsewhere, of `len` elements from `ptr` with `flags`.
     fn adopt(ptr: NonNull<T>, len: usize, flags: HostRegisterFlags) -> Self {
-        Registration { ptr, len, flags }
+        Registration {
+            ptr,
+            len,
+            flags,
+            device: OnceLock::new(),
+        }
+    }
+
+    /// The device address of the range, for kernels: looked up once (see `device`), on the
+    /// device current at the first use. Under unified addressing (every 64-bit platform
+    /// current CUDA supports) a mapped host range has one address in every context it is
+    /// mapped into, so one lookup serves every stream.
+    fn device_addr(&self) -> Result<*const T> {
+        if let Some(&addr) = self.device.get() {
+            return Ok(addr as *const T);
+        }
+        let addr = host_device_pointer(self.ptr.as_ptr())? as usize;
+        // Another thread may have looked it up meanwhile: the same address.
+        Ok(*self.device.get_or_init(|| addr) as *const T)
     }
 
     /// `cudaHostUnregister`. Callers make sure no queued work still uses the range.
@@ -112,80 +139,186 @@ impl<T> fmt::Debug for Registration<T> {
             .field("ptr", &self.ptr)
             .field("len", &self.len)
             .field("flags", &self.flags)
+            .field("device", &self.device.get().map(|&a| a as *const T))
             .finish()
     }
 }
 
-/// A borrowed host slice pinned in place for as long as this value lives.
-///
-/// The mutable borrow keeps the memory from being freed, reallocated (a `Vec` cannot grow) or
-/// touched behind the registration's back. Copies to and from it are synchronous only, and
-/// complete before they return: if an asynchronous copy could be pending, `std::mem::forget`
-/// on this value would end the borrow while DMA still runs. For asynchronous copies, move the
-/// `Vec` into a [`RegisteredVec`].
+/// A borrowed host slice pinned in place for the duration of a closure: see
+/// [`register`](Self::register). Asynchronous copies, memsets, views and kernels (through
+/// [`DevicePtr`](crate::DevicePtr) / [`DevicePtrMut`](crate::DevicePtrMut)) may use it, like
+/// any buffer of this crate; host access waits for them.
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
-/// use cuda_mem::{copy, DeviceBuffer, HostRegisterFlags, RegisteredSlice};
+/// use cuda_mem::{copy_async, DeviceBuffer, HostRegisterFlags, RegisteredSlice, Stream};
+/// let stream = Stream::new()?;
 /// let mut data = vec![3u16; 1 << 20];
 /// let mut dev = DeviceBuffer::<u16>::uninit(data.len())?;
-/// let reg = RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT)?;
-/// copy(&mut dev, &reg)?;   // DMA straight from the Vec's pages
-/// drop(reg);               // cudaHostUnregister
+/// RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT, |reg| {
+///     copy_async(&mut dev, reg, &stream)?;  // DMA straight from the Vec's pages
+///     // ... kernels on `dev` ...
+///     copy_async(reg, &dev, &stream)         // and back
+/// })?;                                       // waits for both copies, cudaHostUnregister
+/// assert_eq!(data[0], 3);
+/// # Ok(()) }
+/// ```
+///
+/// The closure gets only a reference, which cannot leave it: the registration cannot be
+/// forgotten, moved out or kept past its end.
+///
+/// ```compile_fail,E0521
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{HostRegisterFlags, RegisteredSlice};
+/// let mut data = vec![0u32; 1024];
+/// let mut kept = None;
+/// RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT, |reg| {
+///     kept = Some(reg); // error: borrowed data escapes the closure
+///     Ok(())
+/// })?;
+/// # drop(kept); Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{HostRegisterFlags, RegisteredSlice};
+/// let mut data = vec![0u32; 1024];
+/// // error: lifetime may not live long enough (the result cannot name the registration)
+/// let reg = RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT, |reg| Ok(reg))?;
+/// # Ok(()) }
+/// ```
+///
+/// Each registration's type has a lifetime of its own (its brand), so two of them, from
+/// nested closures, cannot be swapped (which would end each one with the other's memory):
+///
+/// ```compile_fail,E0521
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{HostRegisterFlags, RegisteredSlice};
+/// let (mut a, mut b) = (vec![0u32; 1024], vec![0u32; 1024]);
+/// RegisteredSlice::register(&mut a, HostRegisterFlags::DEFAULT, |ra| {
+///     RegisteredSlice::register(&mut b, HostRegisterFlags::DEFAULT, |rb| {
+///         std::mem::swap(ra, rb); // error: borrowed data escapes outside of closure
+///         Ok(())
+///     })
+/// })?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct RegisteredSlice<'a, T: Pod> {
+pub struct RegisteredSlice<'r, T: Pod> {
     reg: Registration<T>,
-    _borrow: std::marker::PhantomData<&'a mut [T]>,
+    fence: Fence,
+    /// The brand: `'r` is the lifetime the closure of one [`register`](Self::register) call is
+    /// generic over, invariant, so that no other registration's type is this one's.
+    _brand: PhantomData<fn(&'r ()) -> &'r ()>,
 }
 
-// SAFETY: the value stands for a `&'a mut [T]`, which is `Send` when `T: Send`.
+// SAFETY: the value stands for a `&mut [T]` (the borrow `register` holds) and a fence whose
+// state is behind a mutex: `Send` when `T: Send`.
 unsafe impl<T: Pod + Send> Send for RegisteredSlice<'_, T> {}
-// SAFETY: shared access yields `&[T]`, like `&&mut [T]`, sound when `T: Sync`.
+// SAFETY: shared access yields `&[T]` after the mutex-protected fence wait, and read-only
+// work; like `&&mut [T]`, sound when `T: Sync`.
 unsafe impl<T: Pod + Sync> Sync for RegisteredSlice<'_, T> {}
 
-impl<'a, T: Pod> RegisteredSlice<'a, T> {
-    /// Pins `slice` in place with `cudaHostRegister(flags)`.
+impl<T: Pod> RegisteredSlice<'_, T> {
+    /// Pins `slice` in place with `cudaHostRegister(flags)`, runs `f` with the registration,
+    /// then ends it, on every way out of `f` (its result, an error, a panic): waits for all
+    /// work recorded on the registration, then `cudaHostUnregister`.
+    ///
+    /// `f` may queue asynchronous work on the registration (it is [`AsyncMemory`]); nothing
+    /// it does can keep that work, or the registration, from ending before `register`
+    /// returns: `f` gets a reference that cannot leave it (`mem::forget` of a reference, or
+    /// of a [`DeviceWrite`] guard, changes nothing: the end waits for the work recorded on
+    /// the memory, not for the guards).
     ///
     /// Errors: an empty slice is [`Misuse::ZeroLength`]; memory registered already gives the
-    /// runtime's
-    /// `cudaErrorHostMemoryAlreadyRegistered`.
-    pub fn register(slice: &'a mut [T], flags: HostRegisterFlags) -> Result<Self> {
-        Ok(RegisteredSlice {
-            reg: Registration::new(slice, flags, "RegisteredSlice::register")?,
-            _borrow: std::marker::PhantomData,
-        })
+    /// runtime's `cudaErrorHostMemoryAlreadyRegistered` (`f` does not run). Then `f`'s error;
+    /// when `f` succeeded, the error of the final wait (a sticky one: see below) or of
+    /// `cudaHostUnregister`.
+    ///
+    /// If the final wait fails with an error after which the device may still be running
+    /// the work (not a sticky error, which ends all work with the context), the process is
+    /// aborted, as [`scope`](crate::scope) does: the memory is about to go back to its owner,
+    /// who may free it, and nothing can make that safe.
+    ///
+    /// [`AsyncMemory`]: crate::AsyncMemory
+    /// [`DeviceWrite`]: crate::DeviceWrite
+    pub fn register<R>(
+        slice: &mut [T],
+        flags: HostRegisterFlags,
+        f: impl for<'r> FnOnce(&mut RegisteredSlice<'r, T>) -> Result<R>,
+    ) -> Result<R> {
+        let reg = Registration::new(slice, flags, "RegisteredSlice::register")?;
+        let mut ended = Ok(());
+        let result = {
+            let mut end = End {
+                slice: RegisteredSlice {
+                    reg,
+                    fence: Fence::default(),
+                    _brand: PhantomData,
+                },
+                ended: &mut ended,
+            };
+            // `f` gets a reference into `end`, which ends the registration when it drops:
+            // right after `f` returns, or while a panic unwinds out of it.
+            f(&mut end.slice)
+        };
+        let value = result?;
+        ended?;
+        Ok(value)
     }
 
-    /// No fence: copies with a registered slice complete before they return.
-    fn fence_opt(&self) -> Option<&Fence> {
-        None
+    /// Waits for all pending work recorded on the registration.
+    pub fn synchronize(&self) -> Result<()> {
+        self.fence.host_wait(Access::Write)
     }
 
-    /// Unregisters now and reports failure, which drop ignores. The borrow ends either way.
-    pub fn unregister(self) -> Result<()> {
-        let me = std::mem::ManuallyDrop::new(self);
-        me.reg.unregister()
-    }
-
-    /// The contents. No GPU work can be pending (copies with a registered slice complete
-    /// before they return), so this never waits; the `Result` matches the other kinds.
+    /// The contents, after waiting for recorded GPU work that writes them.
     pub fn as_slice(&self) -> Result<&[T]> {
+        self.fence.host_wait(Access::Read)?;
         Ok(self.reg.slice())
     }
 
-    /// The contents, writable.
+    /// The contents, writable, after waiting for all recorded GPU work.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+        self.fence.host_wait_mut(Access::Write)?;
         Ok(self.reg.slice_mut())
     }
 }
 
-impl<T: Pod> Drop for RegisteredSlice<'_, T> {
+/// The end of a [`RegisteredSlice::register`] call's registration, on its drop: after the
+/// closure returned, or while a panic unwinds out of it. Only the crate holds one; the closure
+/// gets a reference to the registration inside, so this drop cannot be skipped.
+struct End<'e, 'r, T: Pod> {
+    slice: RegisteredSlice<'r, T>,
+    /// Where the outcome goes, for `register` to return.
+    ended: &'e mut Result<()>,
+}
+
+impl<T: Pod> Drop for End<'_, '_, T> {
     fn drop(&mut self) {
-        // Drop never panics; errors (exit-time unloading, sticky errors) are ignored. No work
-        // can be pending (synchronous copies only).
-        let _ = self.reg.unregister();
+        let s = &mut self.slice;
+        // Exclusive: the closure is over, so no guard can still be queueing (the count of
+        // any it leaked with `mem::forget` is dropped, and the wait covers every mark).
+        let waited = s.fence.host_wait_mut(Access::Write);
+        if let Err(e) = &waited {
+            // A sticky error ends all work with the context: nothing can still use the pages.
+            // Any other failure leaves the work possibly running, on memory about to go back
+            // to its owner, who may free or reuse it at once (the borrow ends with
+            // `register`): there is no safe way on, and leaking a borrowed slice is
+            // impossible. Abort, as `scope` does, rather than let DMA hit freed memory. (Drop
+            // never panics: a panic here could itself unwind into the owner's code.)
+            if !e.is_sticky() {
+                eprintln!(
+                    "cuda_mem::RegisteredSlice::register: cannot wait for asynchronous work on \
+                     the registered memory ({e}); aborting rather than hand the memory back \
+                     while it may be in use"
+                );
+                std::process::abort();
+            }
+        }
+        // No work can use the range any more (waited, or the context is gone).
+        let unregistered = s.reg.unregister();
+        *self.ended = waited.and(unregistered);
     }
 }
 
@@ -279,7 +412,7 @@ impl<T: Pod> RegisteredVec<T> {
     /// leaked (still registered) and the error returned.
     pub fn into_raw(self) -> Result<(*mut T, usize, usize)> {
         let mut me = ManuallyDrop::new(self);
-        let waited = me.fence.host_wait(Access::Write);
+        let waited = me.fence.host_wait_mut(Access::Write);
         // SAFETY: `me` is never used or dropped again. Only the fence is dropped, once; the
         // Vec and the registration pass to the caller (or are leaked, on error).
         unsafe { std::ptr::drop_in_place(&mut me.fence) };
@@ -296,7 +429,7 @@ impl<T: Pod> RegisteredVec<T> {
         let mut me = ManuallyDrop::new(self);
         let result = me
             .fence
-            .host_wait(Access::Write)
+            .host_wait_mut(Access::Write)
             .and_then(|()| me.reg.unregister());
         // SAFETY: `me` is never used or dropped again. The fence is dropped once, here; the
         // Vec is moved out only when its memory is unused and unregistered (else leaked).
@@ -304,10 +437,6 @@ impl<T: Pod> RegisteredVec<T> {
             std::ptr::drop_in_place(&mut me.fence);
             result.map(|()| ManuallyDrop::take(&mut me.vec))
         }
-    }
-
-    fn fence_opt(&self) -> Option<&Fence> {
-        Some(&self.fence)
     }
 
     /// Waits for all pending work recorded on this buffer.
@@ -323,7 +452,7 @@ impl<T: Pod> RegisteredVec<T> {
 
     /// The contents, writable, after waiting for all recorded GPU work.
     pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait(Access::Write)?;
+        self.fence.host_wait_mut(Access::Write)?;
         Ok(self.reg.slice_mut())
     }
 
@@ -338,7 +467,7 @@ impl<T: Pod> Drop for RegisteredVec<T> {
     fn drop(&mut self) {
         // Drop never panics. Leak rather than free when in doubt: if pending work cannot be
         // waited for, or the range cannot be unregistered, the `Vec` is not freed.
-        if self.fence.host_wait(Access::Write).is_ok() && self.reg.unregister().is_ok() {
+        if self.fence.host_wait_mut(Access::Write).is_ok() && self.reg.unregister().is_ok() {
             // SAFETY: dropped once, here; the memory is no longer registered or used.
             unsafe { ManuallyDrop::drop(&mut self.vec) };
         }
@@ -346,7 +475,8 @@ impl<T: Pod> Drop for RegisteredVec<T> {
 }
 
 /// For the two registered kinds: the accessors that delegate to their [`Registration`], and
-/// the sealed copy traits.
+/// the sealed copy traits (both kinds have a fence, and no safe code can end either
+/// registration, or free its memory, while recorded work runs: hence `Async`).
 macro_rules! impl_registered_memory {
     ($ty:ty, $($gen:tt)*) => {
         impl<$($gen)*> $ty {
@@ -387,7 +517,7 @@ macro_rules! impl_registered_memory {
                 Loc::Pinned
             }
             fn fence(&self) -> Option<&Fence> {
-                self.fence_opt()
+                Some(&self.fence)
             }
         }
         impl<$($gen)*> sealed::RawMut<T> for $ty {
@@ -398,16 +528,15 @@ macro_rules! impl_registered_memory {
                 self.reg.check_device_writable(op)
             }
         }
+        impl<$($gen)*> sealed::Async<T> for $ty {
+            fn device_addr(&self) -> Result<*const T> {
+                self.reg.device_addr()
+            }
+            fn async_fence(&self) -> &Fence {
+                &self.fence
+            }
+        }
     };
 }
 impl_registered_memory!(RegisteredSlice<'_, T>, T: Pod);
 impl_registered_memory!(RegisteredVec<T>, T: Pod);
-
-impl<T: Pod> sealed::Async<T> for RegisteredVec<T> {
-    fn device_addr(&self) -> Result<*const T> {
-        host_device_pointer(self.reg.ptr.as_ptr())
-    }
-    fn async_fence(&self) -> &Fence {
-        &self.fence
-    }
-}

@@ -46,7 +46,7 @@ fn ours(kind: &str, bytes: usize, host: &mut [u8]) -> Result<()> {
             let buf = unsafe { ManagedBuffer::<u64>::uninit(len, Attach::Global)? };
             buf.free()
         }
-        _ => RegisteredSlice::register(host, HostRegisterFlags::DEFAULT)?.unregister(),
+        _ => RegisteredSlice::register(host, HostRegisterFlags::DEFAULT, |_| Ok(())),
     }
 }
 

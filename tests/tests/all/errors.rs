@@ -138,7 +138,11 @@ fn every_constructor_reports_the_missing_driver() {
     let mut v = vec![0u8; 16];
     is_no_driver(
         "RegisteredSlice::register",
-        RegisteredSlice::register(&mut v, HostRegisterFlags::DEFAULT),
+        RegisteredSlice::register(
+            &mut v,
+            HostRegisterFlags::DEFAULT,
+            |_| -> cuda_mem::Result<()> { panic!("the closure of a failed registration ran") },
+        ),
     );
     is_no_driver("Stream::new", Stream::new());
     is_no_driver("Event::new", Event::new());

@@ -96,7 +96,7 @@ fn allocate_free_cycles_return_to_the_starting_level() {
     });
     let mut page = vec![1u8; 4096];
     run("registered 4 KiB", dev, || {
-        drop(RegisteredSlice::register(&mut page, HostRegisterFlags::DEFAULT).unwrap())
+        RegisteredSlice::register(&mut page, HostRegisterFlags::DEFAULT, |_| Ok(())).unwrap()
     });
     // Explicit free takes the same path as drop.
     run("device 1 MiB, explicit free", dev, || {

@@ -76,7 +76,8 @@ fn zero_length_is_refused_by_every_constructor() {
     assert_eq!(
         misuse(RegisteredSlice::register(
             &mut empty,
-            HostRegisterFlags::DEFAULT
+            HostRegisterFlags::DEFAULT,
+            |_| -> cuda_mem::Result<()> { panic!("the closure of a refused registration ran") }
         )),
         Misuse::ZeroLength {
             op: "RegisteredSlice::register"

@@ -162,21 +162,23 @@ fn managed_memory((n, _h, stream, dev, _value): Ctx, v: u8, i: usize) -> Result<
     Ok(())
 }
 
-fn registered_memory((_n, mut h, stream, _dev, _value): Ctx) -> Result<()> {
-    {
-        let reg = RegisteredSlice::register(&mut h, HostRegisterFlags::DEFAULT)?;
-        drop(reg);
-    }
-    {
-        let reg = RegisteredSlice::register(&mut h, HostRegisterFlags::DEFAULT)?;
-        reg.unregister()?;
-    }
+fn registered_memory((n, mut h, stream, _dev, _value): Ctx) -> Result<()> {
+    let mut d = DeviceBuffer::<f32>::uninit(n)?;
+    RegisteredSlice::register(&mut h, HostRegisterFlags::DEFAULT, |reg| {
+        copy_async(&mut d, reg, &stream)
+    })?;
+    RegisteredSlice::register(&mut h, HostRegisterFlags::MAPPED, |reg| {
+        let _g = reg.device_ptr(&stream)?;
+        Ok(())
+    })?;
     let _ = HostRegisterFlags::PORTABLE | HostRegisterFlags::MAPPED | HostRegisterFlags::READ_ONLY;
     let mut rv = RegisteredVec::register(h, HostRegisterFlags::DEFAULT)?;
     {
         let _g = rv.device_ptr(&stream)?;
     }
     let h = rv.into_vec()?;
+    let rv = RegisteredVec::register(h, HostRegisterFlags::DEFAULT)?;
+    drop(rv);
     Ok(())
 }
 

@@ -1,14 +1,22 @@
 //! Registered host memory on the GPU: pinned in place, pointer kinds, double registration,
-//! mapped registrations and asynchronous copies from an owned `Vec`.
+//! mapped registrations, asynchronous work on a registered slice inside its closure and on
+//! an owned `Vec`, and registrations that end with their closure whatever it does.
 
-use cuda_mem::DevicePtrMut as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use cuda_mem::{
     copy, copy_async, pointer_info, sys, DeviceBuffer, ErrorCode, HostRegisterFlags, Misuse,
-    PointerKind, RegisteredSlice, RegisteredVec, Stream,
+    PointerKind, RegisteredSlice, RegisteredVec, Result, Stream,
 };
-use cuda_mem_tests::gpu_or_skip;
+use cuda_mem::{DevicePtr as _, DevicePtrMut as _};
+use cuda_mem_probes::Probes;
+use cuda_mem_tests::{gpu_or_skip, still_pending};
 
-use crate::pattern;
+use crate::{first_not_written, pattern, SPIN};
+
+fn kind<T>(p: *const T) -> PointerKind {
+    pointer_info(p).unwrap_or_else(|e| panic!("{e}")).kind
+}
 
 #[test]
 fn registered_slice_copies_and_is_pinned_only_while_registered() {
@@ -16,37 +24,57 @@ fn registered_slice_copies_and_is_pinned_only_while_registered() {
     let mut data = pattern(1 << 20, 40);
     let expect = data.clone();
     let p = data.as_ptr();
-    assert_eq!(pointer_info(p).unwrap().kind, PointerKind::UnregisteredHost);
+    assert_eq!(kind(p), PointerKind::UnregisteredHost);
     let mut dev = DeviceBuffer::<u32>::zeroed(data.len()).unwrap();
-    {
-        let mut reg = RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT).unwrap();
-        assert_eq!(pointer_info(p).unwrap().kind, PointerKind::PinnedHost);
-        copy(&mut dev, &reg).unwrap();
-        reg.as_mut_slice().unwrap().fill(0);
-        copy(&mut reg, &dev).unwrap();
-        assert!(reg.as_slice().unwrap() == &expect[..]);
-    }
-    assert_eq!(pointer_info(p).unwrap().kind, PointerKind::UnregisteredHost);
+    RegisteredSlice::register(&mut data, HostRegisterFlags::DEFAULT, |reg| {
+        assert_eq!(kind(p), PointerKind::PinnedHost);
+        copy(&mut dev, reg)?;
+        reg.as_mut_slice()?.fill(0);
+        copy(reg, &dev)?;
+        assert!(reg.as_slice()? == &expect[..]);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(kind(p), PointerKind::UnregisteredHost);
     assert_eq!(data, expect);
 }
 
+/// The runtime refuses to register memory twice: through a raw call, and through a nested
+/// `register` of a part of a registered slice (whose closure then never runs).
 #[test]
 fn double_registration_is_the_runtime_error() {
     gpu_or_skip!();
     let mut a = vec![1u8; 1 << 16];
-    let mut reg = RegisteredSlice::register(&mut a, HostRegisterFlags::PORTABLE).unwrap();
-    // Register the same memory a second time, through the raw pointer (safe code cannot
-    // borrow it twice).
-    let slice = reg.as_mut_slice().unwrap();
-    // SAFETY: the pointer covers the slice; the runtime refuses without touching the memory.
-    let code = unsafe { sys::cudaHostRegister(slice.as_mut_ptr().cast(), slice.len(), 0) };
-    assert_eq!(
-        ErrorCode::from(code),
-        ErrorCode::HOST_MEMORY_ALREADY_REGISTERED
-    );
-    // SAFETY: no arguments; clears the error just returned.
-    unsafe { sys::cudaGetLastError() };
-    reg.unregister().unwrap();
+    RegisteredSlice::register(&mut a, HostRegisterFlags::PORTABLE, |reg| {
+        // Register the same memory a second time, through the raw pointer (safe code cannot
+        // borrow it twice).
+        let slice = reg.as_mut_slice()?;
+        // SAFETY: the pointer covers the slice; the runtime refuses without touching the
+        // memory.
+        let code = unsafe { sys::cudaHostRegister(slice.as_mut_ptr().cast(), slice.len(), 0) };
+        assert_eq!(
+            ErrorCode::from(code),
+            ErrorCode::HOST_MEMORY_ALREADY_REGISTERED
+        );
+        // SAFETY: no arguments; clears the error just returned.
+        unsafe { sys::cudaGetLastError() };
+        let e = RegisteredSlice::register(
+            &mut reg.as_mut_slice()?[4096..],
+            HostRegisterFlags::DEFAULT,
+            |_| -> Result<()> { panic!("the closure of a refused registration ran") },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(ErrorCode::HOST_MEMORY_ALREADY_REGISTERED),
+            "{e}"
+        );
+        // SAFETY: as above.
+        unsafe { sys::cudaGetLastError() };
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(kind(a.as_ptr()), PointerKind::UnregisteredHost);
 }
 
 #[test]
@@ -70,8 +98,13 @@ fn mapped_registration_has_a_device_pointer() {
         assert_eq!(code, sys::cudaError::cudaSuccess);
     }
     assert!(reg.as_slice().unwrap().iter().all(|&w| w == 0x1111_1111));
+    // The address is looked up once per registration: every guard hands out the same one.
+    let again = reg.device_ptr(&stream).unwrap().addr();
+    assert_eq!(again as usize, host);
 }
 
+/// A registered slice may be copied to the device but not written by it when registered
+/// READ_ONLY (by a copy or through a write guard).
 #[test]
 fn read_only_registration_where_supported() {
     let dev = gpu_or_skip!();
@@ -79,16 +112,203 @@ fn read_only_registration_where_supported() {
         .attribute(sys::cudaDeviceAttr::cudaDevAttrHostRegisterReadOnlySupported)
         .unwrap()
         != 0;
+    let stream = Stream::new().unwrap();
     let mut v = pattern(1 << 16, 9);
-    let r = RegisteredSlice::register(&mut v, HostRegisterFlags::READ_ONLY);
+    let r = RegisteredSlice::register(&mut v, HostRegisterFlags::READ_ONLY, |reg| {
+        let mut dev_buf = DeviceBuffer::<u32>::zeroed(1 << 16)?;
+        copy(&mut dev_buf, reg)?;
+        let by_copy = copy(reg, &dev_buf).unwrap_err();
+        let by_guard = reg.device_ptr_mut(&stream).map(drop).unwrap_err();
+        Ok((dev_buf.to_vec()?, by_copy, by_guard))
+    });
     if supported {
-        let reg = r.unwrap();
-        let mut dev_buf = DeviceBuffer::<u32>::zeroed(1 << 16).unwrap();
-        copy(&mut dev_buf, &reg).unwrap();
-        assert_eq!(dev_buf.to_vec().unwrap(), pattern(1 << 16, 9));
+        let (back, by_copy, by_guard) = r.unwrap();
+        assert_eq!(back, pattern(1 << 16, 9));
+        assert_eq!(
+            by_copy.misuse(),
+            Some(&Misuse::ReadOnlyDestination { op: "copy" })
+        );
+        assert_eq!(
+            by_guard.misuse(),
+            Some(&Misuse::ReadOnlyDestination {
+                op: "device_ptr_mut"
+            })
+        );
     } else {
         assert!(r.is_err());
     }
+}
+
+/// Issue 19 item 4: a registration must not outlive the memory it pins. Once `register`
+/// returns, however its closure ended (returning, or after `mem::forget` of everything it
+/// can reach: the registration's reference and a guard), the pages are unregistered, so that
+/// a new 64 MiB `Vec` (usually mapped at the same address: noted below) is ordinary pageable
+/// memory and a device-to-host copy into it delivers the data. With the registration left
+/// alive (the old `RegisteredSlice` could be forgotten), the new `Vec` was reported
+/// `PinnedHost` and the copy went to the old, orphaned pages.
+#[test]
+fn a_registration_never_outlives_its_slice() {
+    gpu_or_skip!();
+    const N: usize = 16 << 20; // 64 MiB of u32
+    let stream = Stream::new().unwrap();
+    for (round, forget) in [(0u32, false), (1, true)] {
+        let data = pattern(N, 50 + round);
+        let dev = DeviceBuffer::from_slice(&data).unwrap();
+        let mut v = vec![0u32; N];
+        let old = v.as_ptr();
+        RegisteredSlice::register(&mut v, HostRegisterFlags::MAPPED, |reg| {
+            assert_eq!(kind(old), PointerKind::PinnedHost);
+            if forget {
+                std::mem::forget(reg.device_ptr(&stream)?);
+                // All the closure holds of the registration is a reference: forgetting it
+                // is what the lint says, nothing (the point of the closure-scoped form).
+                #[allow(forgetting_references)]
+                std::mem::forget(reg);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            kind(old),
+            PointerKind::UnregisteredHost,
+            "round {round}: still registered after register returned"
+        );
+        drop(v);
+        assert_eq!(
+            kind(old),
+            PointerKind::UnregisteredHost,
+            "round {round}: the registration outlived the Vec"
+        );
+        let mut new = vec![0u32; N];
+        if new.as_ptr() != old {
+            eprintln!(
+                "NOTE round {round}: the new Vec is at {:p}, the freed one was at {old:p}",
+                new.as_ptr()
+            );
+        }
+        assert_eq!(
+            kind(new.as_ptr()),
+            PointerKind::UnregisteredHost,
+            "round {round}: a new Vec is taken for registered memory"
+        );
+        copy(&mut new, &dev).unwrap();
+        assert!(new == data, "round {round}: the copy did not arrive");
+    }
+}
+
+/// Zero-copy on a registered *sub-slice* with asynchronous copies (simpleZeroCopy's
+/// `--use_generic_memory`, issue 20): both copies queue behind a slow kernel, the closure
+/// returns while they are pending, and `register` waits for them before unregistering: the
+/// data is there after it, and only in the registered part.
+#[test]
+fn registered_slice_async_copies_complete_before_register_returns() {
+    gpu_or_skip!();
+    const N: usize = 1 << 20;
+    let stream = Stream::new().unwrap();
+    let probes = Probes::load().unwrap();
+    let input = pattern(N, 60);
+    let output = pattern(N, 61);
+    let mut buf = vec![7u32; 4 * N];
+    buf[N..2 * N].copy_from_slice(&input);
+    let part = buf[N..].as_ptr();
+    let mut dev = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    let from = DeviceBuffer::from_slice(&output).unwrap();
+    RegisteredSlice::register(&mut buf[N..2 * N], HostRegisterFlags::DEFAULT, |reg| {
+        probes.spin(SPIN, &stream)?;
+        copy_async(&mut dev, reg, &stream)?; // reads the registered part
+        copy_async(reg, &from, &stream)?; // then writes it
+        still_pending(
+            !stream.is_idle()?,
+            "the copies ran before the closure returned",
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert!(buf[N..2 * N] == output[..], "the copy into the slice");
+    assert!(buf[..N].iter().chain(&buf[2 * N..]).all(|&w| w == 7));
+    assert_eq!(kind(part), PointerKind::UnregisteredHost);
+    assert!(dev.to_vec().unwrap() == input, "the copy out of the slice");
+}
+
+/// Kernels on a MAPPED registered slice through its device pointer: one reads it
+/// (`xor_checksum`, through the public `DevicePtr` trait), one writes it behind a slow
+/// kernel, and host access inside the closure waits for the write.
+#[test]
+fn kernels_use_a_mapped_registered_slice_through_its_device_pointer() {
+    gpu_or_skip!();
+    const N: usize = 1 << 20;
+    let stream = Stream::new().unwrap();
+    let probes = Probes::load().unwrap();
+    let mut buf = pattern(2 * N, 62);
+    let want = buf[N..].iter().fold(0, |a, &w| a ^ w);
+    RegisteredSlice::register(&mut buf[N..], HostRegisterFlags::MAPPED, |reg| {
+        assert_eq!(probes.xor_checksum(&*reg, &stream)?, want);
+        probes.spin(SPIN, &stream)?;
+        {
+            let out = reg.device_ptr_mut(&stream)?;
+            // SAFETY: the guard covers the registered, mapped N words (16-byte aligned: a
+            // large Vec's buffer is, and N is a multiple of 4), used on its stream while it
+            // lives; it records the kernel, which host access and the closure's end wait for.
+            unsafe { probes.write(out.as_mut_ptr().cast(), N * 4, &stream)? };
+        }
+        still_pending(!stream.is_idle()?, "the kernel ran before host access");
+        assert_eq!(first_not_written(reg.as_slice()?), None);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(first_not_written(&buf[N..]), None);
+}
+
+/// A write guard forgotten (`mem::forget`) after its kernel was queued: the closure returns
+/// at once, and the end of the registration still waits for the kernel (its work was
+/// recorded when the guard was made), so the data is there when `register` returns.
+#[test]
+fn a_forgotten_write_guard_is_still_waited_for_at_the_closure_end() {
+    gpu_or_skip!();
+    const N: usize = 1 << 20;
+    let stream = Stream::new().unwrap();
+    let probes = Probes::load().unwrap();
+    let mut v = vec![0u32; N];
+    RegisteredSlice::register(&mut v, HostRegisterFlags::MAPPED, |reg| {
+        probes.spin(SPIN, &stream)?;
+        let out = reg.device_ptr_mut(&stream)?;
+        // SAFETY: as in the test above; the guard is then leaked, which safe code may do.
+        unsafe { probes.write(out.as_mut_ptr().cast(), N * 4, &stream)? };
+        std::mem::forget(out);
+        still_pending(
+            !stream.is_idle()?,
+            "the kernel ran before the closure returned",
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(first_not_written(&v), None);
+    assert_eq!(kind(v.as_ptr()), PointerKind::UnregisteredHost);
+}
+
+/// A panic in the closure ends the registration as it unwinds: the pending copy is waited
+/// for (its data is there) and the memory is unregistered.
+#[test]
+fn a_panic_in_the_closure_still_unregisters() {
+    gpu_or_skip!();
+    const N: usize = 1 << 20;
+    let stream = Stream::new().unwrap();
+    let probes = Probes::load().unwrap();
+    let data = pattern(N, 63);
+    let from = DeviceBuffer::from_slice(&data).unwrap();
+    let mut v = vec![0u32; N];
+    let p = v.as_ptr();
+    let unwound = catch_unwind(AssertUnwindSafe(|| {
+        RegisteredSlice::register(&mut v, HostRegisterFlags::DEFAULT, |reg| -> Result<()> {
+            probes.spin(SPIN, &stream)?;
+            copy_async(reg, &from, &stream)?;
+            still_pending(!stream.is_idle()?, "the copy ran before the panic");
+            panic!("a panic in the closure");
+        })
+    }));
+    assert!(unwound.is_err(), "the panic went missing");
+    assert_eq!(kind(p), PointerKind::UnregisteredHost);
+    assert!(v == data, "the copy was not waited for");
 }
 
 #[test]
