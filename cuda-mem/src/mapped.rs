@@ -20,6 +20,7 @@ use crate::copy::{sealed, Loc};
 use crate::devices::Device;
 use crate::error::{Misuse, Result};
 use crate::fence::{Access, Fence};
+use crate::layout::Layout;
 use crate::pinned::{host_device_pointer, HostAllocFlags, PinnedBuffer};
 use crate::size;
 
@@ -116,7 +117,8 @@ impl<T: Pod> MappedBuffer<T> {
         resolve: impl FnOnce(*mut std::os::raw::c_void) -> Result<*mut std::os::raw::c_void>,
         op: &'static str,
     ) -> Result<Self> {
-        size::alloc_bytes::<T>(len, op)?;
+        // The element type and length first (also refused without a device).
+        Layout::<T>::of(len, op)?;
         check_device()?;
         // Owned from here on: any `?` below drops `host`, which calls cudaFreeHost.
         let mut host = alloc()?;
