@@ -133,6 +133,19 @@ pub(crate) mod sealed {
         }
     }
 
+    /// Memory whose host address ([`Raw::raw_ptr`]) the host may use once the fence allows:
+    /// pinned, mapped, managed and registered memory, and views of them. Implemented in this
+    /// crate only: an impl promises that `raw_ptr()` points to `raw_len()` initialised
+    /// elements that the host can access, alive while `self` is, and that host access needs
+    /// nothing but the fence's wait and [`check_host`](Host::check_host).
+    pub trait Host<T>: Async<T> {
+        /// Refuses host access the memory's state forbids (managed memory on a device without
+        /// concurrent managed access).
+        fn check_host(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
     /// Memory whose owner waits for recorded work before host access or free, and which no
     /// safe code can free while that work runs. Implemented in this crate only: an impl
     /// carries that promise.

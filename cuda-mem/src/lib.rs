@@ -54,6 +54,7 @@ mod error;
 mod event;
 mod fence;
 mod flags;
+mod host;
 pub mod interop;
 mod layout;
 mod managed;
@@ -88,6 +89,7 @@ pub use devices::{
 };
 pub use error::{Error, ErrorCode, Misuse, Result};
 pub use event::{Event, EventFlags};
+pub use host::{HostMemory, HostMemoryMut};
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
 pub use mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
 pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};

@@ -188,6 +188,12 @@ impl_buffer!(
     attached
 );
 
+impl<T: Pod> crate::copy::sealed::Host<T> for ManagedBuffer<T> {
+    fn check_host(&self) -> Result<()> {
+        self.require_concurrent_access()
+    }
+}
+
 impl<T: Pod> ManagedBuffer<T> {
     /// Allocates `len` zeroed elements with `cudaMallocManaged(attach)` on the current device.
     ///

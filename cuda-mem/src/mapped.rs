@@ -394,3 +394,6 @@ impl<T: Pod> sealed::Async<T> for MappedBuffer<T> {
         sealed::Async::async_fence(&self.host)
     }
 }
+
+// `raw_ptr` is the host address of the pinned allocation.
+impl<T: Pod> sealed::Host<T> for MappedBuffer<T> {}

@@ -99,6 +99,9 @@ impl_buffer!(
     block
 );
 
+// The host address is the buffer's own (page-locked) memory.
+impl<T: Pod> crate::copy::sealed::Host<T> for PinnedBuffer<T> {}
+
 /// `cudaFreeHost` of an allocation refused by [`Layout::place`].
 fn free_host<U>(p: NonNull<U>) -> Result<()> {
     let p = p.as_ptr();

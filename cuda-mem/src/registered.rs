@@ -536,6 +536,8 @@ macro_rules! impl_registered_memory {
                 &self.fence
             }
         }
+        // The registered range is the owner's host memory, alive while `self` is.
+        impl<$($gen)*> sealed::Host<T> for $ty {}
     };
 }
 impl_registered_memory!(RegisteredSlice<'_, T>, T: Pod);

@@ -182,6 +182,13 @@ macro_rules! view_raw {
             }
         }
 
+        // A view of host memory is host memory: its elements of the parent's.
+        impl<T, M: sealed::Host<T> + ?Sized> sealed::Host<T> for $ty<'_, T, M> {
+            fn check_host(&self) -> Result<()> {
+                self.parent.check_host()
+            }
+        }
+
         impl<T, M: sealed::Async<T> + ?Sized> sealed::Async<T> for $ty<'_, T, M> {
             fn device_addr(&self) -> Result<*const T> {
                 Ok(self.parent.device_addr()?.wrapping_add(self.start))

@@ -146,6 +146,12 @@ impl Fence {
         self.core.host_wait(access)
     }
 
+    /// [`host_wait`](Self::host_wait) for host access to the bytes `bytes` only (a view):
+    /// work on other ranges of the buffer goes on.
+    pub(crate) fn host_wait_range(&self, bytes: (usize, usize), access: Access) -> Result<()> {
+        self.core.host_wait_range(Some(bytes), access)
+    }
+
     /// [`host_wait`](Self::host_wait) through the owner's exclusive borrow (a host write, a
     /// free): no guard can still be queueing work, so the count of guards leaked with
     /// `mem::forget` is dropped first ([`Tracker::exclusive`]) and the wait covers every mark.
