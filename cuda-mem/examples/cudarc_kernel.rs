@@ -161,13 +161,10 @@ fn main() -> anyhow::Result<()> {
     // 3. cudarc memory written by a cuda-mem copy (on `cs`), updated by the kernel with a
     //    cuda-mem input (on `cs`), then read by a cuda-mem copy on the *other* stream `cs2`:
     //    the view makes `cs2` wait for cudarc's write event (and for z's own stream, `cs`),
-    //    and records z's read event when it ends.
+    //    and records z's read event when its closure is done.
     let mut z: CudaSlice<u32> = cs.alloc_zeros(N)?;
     let y_pin = PinnedBuffer::from_slice(&y_h, HostAllocFlags::DEFAULT)?;
-    {
-        let mut zv = CudarcViewMut::new(&mut z, &cs)?;
-        copy_async(&mut zv, &y_pin, &s)?; // `s` is `cs` too
-    }
+    CudarcViewMut::with(&mut z, &cs, |zv| copy_async(zv, &y_pin, &s))?; // `s` is `cs` too
     {
         let xr = x.cudarc_ptr(&cs)?;
         // SAFETY: as above: the guard covers N u32 for `cs`; `z` holds N u32 and cudarc
@@ -175,10 +172,7 @@ fn main() -> anyhow::Result<()> {
         unsafe { axpy_launch!(cs, &f, &xr, &mut z, N)? };
     }
     let mut back = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT)?;
-    {
-        let zv = CudarcView::new(&z, &cs2)?;
-        copy_async(&mut back, &zv, zv.stream())?;
-    }
+    CudarcView::with(&z, &cs2, |zv| copy_async(&mut back, zv, zv.stream()))?;
     let mut want_z = y_h.clone();
     axpy(&x_h, &mut want_z);
     check(

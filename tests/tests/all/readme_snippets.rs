@@ -318,14 +318,8 @@ fn cudarc_interop(
         builder.arg(&mut y);
     }
     cs.memcpy_dtod(&buf.cudarc_ptr(&cs)?, &mut slice)?;
-    {
-        let v = CudarcView::new(&slice, &cs)?;
-        copy_async(&mut host, &v, v.stream())?;
-    }
-    {
-        let mut v = CudarcViewMut::new(&mut slice, &cs)?;
-        copy_async(&mut v, &host, &s)?;
-    }
+    CudarcView::with(&slice, &cs, |v| copy_async(&mut host, v, v.stream()))?;
+    CudarcViewMut::with(&mut slice, &cs, |v| copy_async(v, &host, &s))?;
     Ok(())
 }
 
