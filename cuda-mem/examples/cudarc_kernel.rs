@@ -13,10 +13,10 @@ mod common;
 
 use anyhow::{bail, Context as _};
 use cuda_mem::interop::cudarc::{
-    stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
+    context, stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
 };
 use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Slice as _};
-use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 /// Elements per buffer: 4 MiB of `u32`.
@@ -111,11 +111,12 @@ macro_rules! axpy_launch {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Before any cudarc call: cudarc cannot load libcuda on a machine without a driver.
+    // Before any cudarc call: cudarc panics where it cannot load libcuda (no driver), while
+    // cuda-mem says so with an error, and `context` takes the device that proves a driver.
     let Some(dev) = common::device_or_skip("cudarc_kernel")? else {
         return Ok(());
     };
-    let ctx = CudaContext::new(dev.ordinal() as usize)?;
+    let ctx = context(dev)?; // cudarc's CudaContext: the device's primary context
     let cs = ctx.new_stream()?; // cudarc streams, non-blocking
     let cs2 = ctx.new_stream()?;
     let s = stream(&cs)?; // the same stream, for cuda-mem's copies

@@ -31,13 +31,13 @@
 //!   be passed to `mem::forget`.
 //!
 //! ```no_run
-//! use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+//! use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 //! use cudarc::nvrtc::Ptx;
-//! use cuda_mem::interop::cudarc::{CudarcPtr, CudarcView};
-//! use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer};
+//! use cuda_mem::interop::cudarc::{context, CudarcPtr, CudarcView};
+//! use cuda_mem::{copy_async, Device, DeviceBuffer, HostAllocFlags, PinnedBuffer};
 //! # const PTX: &str = "";
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let ctx = CudaContext::new(0)?;
+//! let ctx = context(Device::get(0)?)?;                     // cudarc's CudaContext::new(0)
 //! let cs = ctx.new_stream()?;                              // a cudarc stream
 //! let f = ctx.load_module(Ptx::from_src(PTX))?.load_function("double")?;
 //! let x = DeviceBuffer::from_slice(&[1u32, 2, 3])?;        // cuda-mem memory
@@ -59,8 +59,9 @@
 //!
 //! # Rules
 //!
-//! - cudarc's context must be its device's **primary context** (`CudaContext::new`): the CUDA
-//!   runtime, and so cuda-mem, works in primary contexts. Others are refused
+//! - cudarc's context must be its device's **primary context** (`CudaContext::new`, or
+//!   [`context`], which returns an error where cudarc would panic for want of a driver): the
+//!   CUDA runtime, and so cuda-mem, works in primary contexts. Others are refused
 //!   ([`Misuse::InvalidArgument`]).
 //! - Launching is `unsafe` (`LaunchArgs::launch`), and its caller promises what cuda-mem's
 //!   guards require: the launch is on the guard's stream, while the guard lives (see
@@ -94,7 +95,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ::cudarc::driver::{
-    result as dresult, sys as dsys, CudaStream, DevicePtr as CudarcDevicePtr,
+    result as dresult, sys as dsys, CudaContext, CudaStream, DevicePtr as CudarcDevicePtr,
     DevicePtrMut as CudarcDevicePtrMut, DeviceSlice, DriverError, LaunchArgs, PushKernelArg,
     SyncOnDrop,
 };
@@ -147,6 +148,33 @@ impl Drop for Keeper {
             }
         }
     }
+}
+
+/// cudarc's context of `device`: its primary context (cudarc's `CudaContext::new`, which also
+/// binds it to the calling thread), the one the CUDA runtime and so cuda-mem work in.
+///
+/// The way in that cannot panic: cudarc panics when it cannot load libcuda (no driver
+/// installed), at its first call, while a [`Device`] exists only once the runtime has found
+/// the driver ([`Device::get`] returns `cudaErrorInsufficientDriver` otherwise, which
+/// [`Error::is_no_device`] recognizes). Every other entry point here takes cudarc objects,
+/// which only a loaded libcuda can have made.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{interop::cudarc::context, Device};
+/// let ctx = context(Device::get(0)?)?; // without a driver: Device::get's error
+/// let cs = ctx.new_stream()?;
+/// # Ok(()) }
+/// ```
+///
+/// Errors: the driver's (as [`Error::Cuda`]).
+pub fn context(device: Device) -> Result<Arc<CudaContext>> {
+    let ordinal = device.ordinal();
+    let index = usize::try_from(ordinal).map_err(|_| Misuse::InvalidArgument {
+        op: "interop::cudarc::context",
+        reason: format!("device ordinal {ordinal} out of range"),
+    })?;
+    CudaContext::new(index).map_err(|e| driver_error(e, format!("CudaContext::new({ordinal})")))
 }
 
 /// A cuda-mem [`Stream`] over a cudarc stream, for cuda-mem's copies, memsets and guards on

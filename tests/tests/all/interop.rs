@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cuda_mem::interop::cudarc::{
-    stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
+    context, stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
 };
 use cuda_mem::{
     copy, copy_async, Device, DeviceBuffer, DevicePtr as _, DevicePtrMut as _, HostAllocFlags,
@@ -31,7 +31,7 @@ const N: usize = 4 << 20;
 
 /// cudarc's primary context of `dev`, with the probe kernels loaded through cudarc.
 fn cudarc_setup(dev: Device) -> (Arc<CudaContext>, Arc<CudaModule>) {
-    let ctx = CudaContext::new(dev.ordinal() as usize).unwrap();
+    let ctx = context(dev).unwrap();
     let ptx = PROBE_PTX.to_str().unwrap();
     let module = ctx.load_module(Ptx::from_src(ptx)).unwrap();
     (ctx, module)
@@ -231,6 +231,26 @@ fn cudarc_copies_take_cuda_mem_guards_on_any_stream() {
         b.memcpy_htod(&data[..], &mut g).unwrap();
     }
     assert!(e.to_vec().unwrap() == data);
+}
+
+/// `context` is cudarc's primary context of a cuda-mem device, the one `CudaContext::new`
+/// gives (so `stream` takes its streams). Without a driver the way to it is the runtime's
+/// no-device error, where cudarc's `CudaContext::new` panics (it cannot load libcuda).
+#[test]
+fn context_is_the_primary_context_of_a_device_or_the_no_device_error() {
+    if cuda_mem::driver_version().unwrap() == 0 {
+        let e = Device::get(0).and_then(context).unwrap_err();
+        assert!(e.is_no_device(), "{e}");
+        return;
+    }
+    let dev = gpu_or_skip!();
+    let ctx = context(dev).unwrap();
+    assert!(ctx.is_primary());
+    assert_eq!(ctx.ordinal(), dev.ordinal() as usize);
+    let theirs = CudaContext::new(dev.ordinal() as usize).unwrap();
+    assert_eq!(ctx.cu_ctx(), theirs.cu_ctx());
+    let s = stream(&ctx.new_stream().unwrap()).unwrap();
+    assert_eq!(s.device(), dev);
 }
 
 /// The address cudarc's memory has now (to tell whether an allocation reused a freed one).

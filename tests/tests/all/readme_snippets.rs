@@ -308,6 +308,7 @@ fn cudarc_interop(
     mut host: PinnedBuffer<f32>,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use cuda_mem::Slice as _;
+    let ctx = interop::cudarc::context(Device::get(0)?)?;
     let s = interop::cudarc::stream(&cs)?;
     {
         let x = buf.cudarc_ptr(&cs)?;
