@@ -13,10 +13,10 @@ mod common;
 
 use anyhow::{bail, Context as _};
 use cuda_mem::interop::cudarc::{
-    stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
+    context, stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
 };
 use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Slice as _};
-use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 /// Elements per buffer: 4 MiB of `u32`.
@@ -111,11 +111,12 @@ macro_rules! axpy_launch {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Before any cudarc call: cudarc cannot load libcuda on a machine without a driver.
+    // Before any cudarc call: cudarc panics where it cannot load libcuda (no driver), while
+    // cuda-mem says so with an error, and `context` takes the device that proves a driver.
     let Some(dev) = common::device_or_skip("cudarc_kernel")? else {
         return Ok(());
     };
-    let ctx = CudaContext::new(dev.ordinal() as usize)?;
+    let ctx = context(dev)?; // cudarc's CudaContext: the device's primary context
     let cs = ctx.new_stream()?; // cudarc streams, non-blocking
     let cs2 = ctx.new_stream()?;
     let s = stream(&cs)?; // the same stream, for cuda-mem's copies
@@ -161,13 +162,10 @@ fn main() -> anyhow::Result<()> {
     // 3. cudarc memory written by a cuda-mem copy (on `cs`), updated by the kernel with a
     //    cuda-mem input (on `cs`), then read by a cuda-mem copy on the *other* stream `cs2`:
     //    the view makes `cs2` wait for cudarc's write event (and for z's own stream, `cs`),
-    //    and records z's read event when it ends.
+    //    and records z's read event when its closure is done.
     let mut z: CudaSlice<u32> = cs.alloc_zeros(N)?;
     let y_pin = PinnedBuffer::from_slice(&y_h, HostAllocFlags::DEFAULT)?;
-    {
-        let mut zv = CudarcViewMut::new(&mut z, &cs)?;
-        copy_async(&mut zv, &y_pin, &s)?; // `s` is `cs` too
-    }
+    CudarcViewMut::with(&mut z, &cs, |zv| copy_async(zv, &y_pin, &s))?; // `s` is `cs` too
     {
         let xr = x.cudarc_ptr(&cs)?;
         // SAFETY: as above: the guard covers N u32 for `cs`; `z` holds N u32 and cudarc
@@ -175,10 +173,7 @@ fn main() -> anyhow::Result<()> {
         unsafe { axpy_launch!(cs, &f, &xr, &mut z, N)? };
     }
     let mut back = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT)?;
-    {
-        let zv = CudarcView::new(&z, &cs2)?;
-        copy_async(&mut back, &zv, zv.stream())?;
-    }
+    CudarcView::with(&z, &cs2, |zv| copy_async(&mut back, zv, zv.stream()))?;
     let mut want_z = y_h.clone();
     axpy(&x_h, &mut want_z);
     check(

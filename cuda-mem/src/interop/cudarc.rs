@@ -18,22 +18,26 @@
 //!   `DevicePtrMut` traits (`stream.memcpy_dtod(&guard, &mut slice)`). The plain guards of
 //!   [`DevicePtr`] / [`DevicePtrMut`] taken on a [`stream`] of cudarc's are kernel arguments
 //!   too.
-//! - **cudarc memory in cuda-mem work**: [`CudarcView`] and [`CudarcViewMut`] take cudarc
-//!   memory for one cudarc stream through cudarc's own `device_ptr` / `device_ptr_mut` (so the
-//!   stream waits for cudarc's pending writes, or reads and writes), and are cuda-mem memory
-//!   for as long as they live: [`copy_async`](crate::copy_async), [`copy`](crate::copy),
-//!   [`memset_async`](crate::memset_async), views, guards. When they drop, everything queued
-//!   through them is behind the end of that stream, where cudarc's `SyncOnDrop` records its
-//!   event and where the memory's own stream (which frees it) waits.
+//! - **cudarc memory in cuda-mem work**: [`CudarcView::with`] and [`CudarcViewMut::with`]
+//!   take cudarc memory for one cudarc stream through cudarc's own `device_ptr` /
+//!   `device_ptr_mut` (so the stream waits for cudarc's pending writes, or reads and writes),
+//!   and lend a closure a view of it that is cuda-mem memory: [`copy_async`](crate::copy_async),
+//!   [`copy`](crate::copy), [`memset_async`](crate::memset_async), views, guards. When the
+//!   closure is done (returned, failed or panicked), everything queued through the view is
+//!   behind the end of that stream, where cudarc's `SyncOnDrop` records its event and where
+//!   the memory's own stream (which frees it) waits. The views are scoped (like
+//!   `std::thread::scope`), not values with a destructor, because that end is what keeps cudarc
+//!   from reusing or freeing memory that cuda-mem work still reads or writes, and a value may
+//!   be passed to `mem::forget`.
 //!
 //! ```no_run
-//! use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+//! use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 //! use cudarc::nvrtc::Ptx;
-//! use cuda_mem::interop::cudarc::{CudarcPtr, CudarcView};
-//! use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer};
+//! use cuda_mem::interop::cudarc::{context, CudarcPtr, CudarcView};
+//! use cuda_mem::{copy_async, Device, DeviceBuffer, HostAllocFlags, PinnedBuffer};
 //! # const PTX: &str = "";
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let ctx = CudaContext::new(0)?;
+//! let ctx = context(Device::get(0)?)?;                     // cudarc's CudaContext::new(0)
 //! let cs = ctx.new_stream()?;                              // a cudarc stream
 //! let f = ctx.load_module(Ptx::from_src(PTX))?.load_function("double")?;
 //! let x = DeviceBuffer::from_slice(&[1u32, 2, 3])?;        // cuda-mem memory
@@ -46,18 +50,18 @@
 //!     unsafe { launch.launch(LaunchConfig::for_num_elems(3))? };
 //! }                                                        // xr records the launch on x
 //! let mut host = PinnedBuffer::<u32>::zeroed(3, HostAllocFlags::DEFAULT)?;
-//! {
-//!     let view = CudarcView::new(&y, &cs)?;                // waits for cudarc's write of y
-//!     copy_async(&mut host, &view, view.stream())?;
-//! }                                                        // y's read event covers the copy
+//! CudarcView::with(&y, &cs, |view| {                       // waits for cudarc's write of y
+//!     copy_async(&mut host, view, view.stream())
+//! })?;                                                     // y's read event covers the copy
 //! assert_eq!(host.as_slice()?, &[2, 4, 6]);                // waits for the copy
 //! # Ok(()) }
 //! ```
 //!
 //! # Rules
 //!
-//! - cudarc's context must be its device's **primary context** (`CudaContext::new`): the CUDA
-//!   runtime, and so cuda-mem, works in primary contexts. Others are refused
+//! - cudarc's context must be its device's **primary context** (`CudaContext::new`, or
+//!   [`context`], which returns an error where cudarc would panic for want of a driver): the
+//!   CUDA runtime, and so cuda-mem, works in primary contexts. Others are refused
 //!   ([`Misuse::InvalidArgument`]).
 //! - Launching is `unsafe` (`LaunchArgs::launch`), and its caller promises what cuda-mem's
 //!   guards require: the launch is on the guard's stream, while the guard lives (see
@@ -69,6 +73,15 @@
 //!   which are ordered after the stream and before the view's end like any other work.
 //! - The cuda-mem [`Stream`] over a cudarc stream ([`stream`]) keeps cudarc's `Arc<CudaStream>`
 //!   alive for as long as any buffer's fence may still record on it.
+//! - No ordering here rests on a destructor that `mem::forget` could skip. A view ends in its
+//!   `with` call, which the closure cannot prevent; work queued through a view's guards is on
+//!   the view's stream, before that end. A guard ([`CudarcRead`], [`CudarcWrite`], or one
+//!   taken from a view) marks its work on the memory when it is taken, before the work is
+//!   queued, on the guard's stream: whoever waits later waits for that stream, so a forgotten
+//!   guard leaves its work ordered (it may cost the fence bookkeeping, never a wait).
+//!   cudarc's own calls that take a guard on another stream synchronize that stream before
+//!   they return. The [`Stream`] of [`stream`] keeps cudarc's stream alive: forgotten, it
+//!   leaks the stream.
 //!
 //! # Features
 //!
@@ -82,7 +95,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ::cudarc::driver::{
-    result as dresult, sys as dsys, CudaStream, DevicePtr as CudarcDevicePtr,
+    result as dresult, sys as dsys, CudaContext, CudaStream, DevicePtr as CudarcDevicePtr,
     DevicePtrMut as CudarcDevicePtrMut, DeviceSlice, DriverError, LaunchArgs, PushKernelArg,
     SyncOnDrop,
 };
@@ -101,6 +114,16 @@ fn driver_error(e: DriverError, call: impl Into<String>) -> Error {
     Error::Cuda {
         code: ErrorCode(e.0 as u32),
         call: call.into(),
+    }
+}
+
+/// A cudarc error as this crate's [`Error::Cuda`], so that `?` takes cudarc's results where
+/// this crate's [`Result`] is returned: in the closures of [`CudarcView::with`] and
+/// [`CudarcViewMut::with`], for one. cudarc's error carries the driver's code only, not the
+/// call that failed: `call` says "a cudarc driver call".
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Self {
+        driver_error(e, "a cudarc driver call")
     }
 }
 
@@ -125,6 +148,33 @@ impl Drop for Keeper {
             }
         }
     }
+}
+
+/// cudarc's context of `device`: its primary context (cudarc's `CudaContext::new`, which also
+/// binds it to the calling thread), the one the CUDA runtime and so cuda-mem work in.
+///
+/// The way in that cannot panic: cudarc panics when it cannot load libcuda (no driver
+/// installed), at its first call, while a [`Device`] exists only once the runtime has found
+/// the driver ([`Device::get`] returns `cudaErrorInsufficientDriver` otherwise, which
+/// [`Error::is_no_device`] recognizes). Every other entry point here takes cudarc objects,
+/// which only a loaded libcuda can have made.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::{interop::cudarc::context, Device};
+/// let ctx = context(Device::get(0)?)?; // without a driver: Device::get's error
+/// let cs = ctx.new_stream()?;
+/// # Ok(()) }
+/// ```
+///
+/// Errors: the driver's (as [`Error::Cuda`]).
+pub fn context(device: Device) -> Result<Arc<CudaContext>> {
+    let ordinal = device.ordinal();
+    let index = usize::try_from(ordinal).map_err(|_| Misuse::InvalidArgument {
+        op: "interop::cudarc::context",
+        reason: format!("device ordinal {ordinal} out of range"),
+    })?;
+    CudaContext::new(index).map_err(|e| driver_error(e, format!("CudaContext::new({ordinal})")))
 }
 
 /// A cuda-mem [`Stream`] over a cudarc stream, for cuda-mem's copies, memsets and guards on
@@ -333,30 +383,72 @@ push_guard! {
     };
 }
 
-/// What the two views of cudarc memory share.
-struct Bound<'a> {
+/// What a view of cudarc memory knows of it. Lives in the frame of [`CudarcView::with`] /
+/// [`CudarcViewMut::with`] (inside [`End`]), which the view only borrows.
+struct Bound {
     addr: u64,
     len: usize,
     bytes: usize,
     /// The device of the memory (its cudarc context's).
     device: i32,
-    /// The cudarc stream the view is for, and cuda-mem's [`Stream`] over it.
-    cstream: Arc<CudaStream>,
+    /// cuda-mem's [`Stream`] over the cudarc stream the view is for.
     stream: Stream,
-    /// The stream the memory belongs to (cudarc allocates and frees it there).
-    owner: Arc<CudaStream>,
     /// Work queued through the view: on `stream`, and synchronous copies on the legacy default
     /// stream.
     fence: Fence,
-    /// cudarc's own record of the access, made on `cstream` when this drops: after
-    /// `Bound::drop` has put every piece of work of the view before the end of `cstream`.
+}
+
+impl Bound {
+    fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
+        if StreamInner::same(stream.inner(), self.stream.inner()) {
+            return Ok(());
+        }
+        Err(Misuse::InvalidArgument {
+            op,
+            reason: format!(
+                "this view of cudarc memory is for stream {:p} (device {}), not stream {:p} \
+                 (device {}): make another view for that stream",
+                self.stream.as_raw(),
+                self.stream.device().ordinal(),
+                stream.as_raw(),
+                stream.device().ordinal()
+            ),
+        }
+        .into())
+    }
+}
+
+impl fmt::Debug for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:#x}, {} elements, device {}, stream {:p}",
+            self.addr,
+            self.len,
+            self.device,
+            self.stream.as_raw()
+        )
+    }
+}
+
+/// A view's state with its end: what makes cudarc's record of the access cover the work queued
+/// through the view. Only ever a local of [`scoped`], out of reach of the caller's closure, so
+/// its drop runs on every way out (return, error, unwinding) and nothing can `mem::forget` it.
+struct End<'a> {
+    bound: Bound,
+    /// The cudarc stream the view is for.
+    cstream: &'a Arc<CudaStream>,
+    /// The stream the memory belongs to (cudarc allocates and frees it there).
+    owner: Arc<CudaStream>,
+    /// cudarc's own record of the access, made on `cstream` when this drops: after `End::drop`
+    /// has put every piece of work of the view before the end of `cstream`.
     _record: SyncOnDrop<'a>,
 }
 
-impl<'a> Bound<'a> {
+impl<'a> End<'a> {
     /// The view of `len` elements of `T` that cudarc's `device_ptr` or `device_ptr_mut` (run
     /// by `take`, on `cstream`) hands out, of memory that belongs to the stream `owner`.
-    fn new<T>(
+    fn begin<T>(
         len: usize,
         owner: Arc<CudaStream>,
         cstream: &'a Arc<CudaStream>,
@@ -390,124 +482,215 @@ impl<'a> Bound<'a> {
         // `stream` here, so that work on another stream (a synchronous copy on the legacy
         // default stream) waits for it too.
         fence.mark(&stream, (0, bytes), Access::Write);
-        Ok(Bound {
-            addr,
-            len,
-            bytes,
-            device,
-            cstream: cstream.clone(),
-            stream,
+        Ok(End {
+            bound: Bound {
+                addr,
+                len,
+                bytes,
+                device,
+                stream,
+                fence,
+            },
+            cstream,
             owner,
-            fence,
             _record: record,
         })
     }
-
-    fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
-        if StreamInner::same(stream.inner(), self.stream.inner()) {
-            return Ok(());
-        }
-        Err(Misuse::InvalidArgument {
-            op,
-            reason: format!(
-                "this view of cudarc memory is for stream {:p} (device {}), not stream {:p} \
-                 (device {}): make another view for that stream",
-                self.stream.as_raw(),
-                self.stream.device().ordinal(),
-                stream.as_raw(),
-                stream.device().ordinal()
-            ),
-        }
-        .into())
-    }
 }
 
-impl Drop for Bound<'_> {
+impl Drop for End<'_> {
     fn drop(&mut self) {
-        // Drop never panics; errors are ignored, each with a stronger fallback.
+        // Drop never panics; errors are ignored, each with a stronger fallback. Work queued
+        // through guards the closure took from the view (and perhaps leaked with `mem::forget`)
+        // is on `cstream`: ordered by stream order, whatever became of the guards.
+        let b = &self.bound;
         // 1. Work queued through the view on other streams (synchronous copies) before the end
         //    of `stream`, where cudarc's record is made next.
-        if self
-            .fence
-            .order(&self.stream, (0, self.bytes), Access::Write)
+        if b.fence
+            .order(&b.stream, (0, b.bytes), Access::Write)
             .is_err()
         {
-            let _ = self.fence.host_wait(Access::Write);
+            let _ = b.fence.host_wait(Access::Write);
         }
         // 2. The memory's own stream (where cudarc frees it, and where work goes when cudarc
         //    tracks no events) after all of it.
-        if self.owner != self.cstream {
-            join_or_sync(&self.owner, &self.cstream);
+        if self.owner != *self.cstream {
+            join_or_sync(&self.owner, self.cstream);
         }
         // 3. `_record` drops next: cudarc records its read or write event on `cstream`.
     }
 }
 
-impl fmt::Debug for Bound<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:#x}, {} elements, device {}, stream {:p}",
-            self.addr,
-            self.len,
-            self.device,
-            self.stream.as_raw()
-        )
-    }
+/// Makes the view that `take` hands out (see [`End::begin`]), runs `f` on it, then ends it:
+/// on every way out of `f`, unwinding included.
+fn scoped<'a, T, R>(
+    len: usize,
+    owner: Arc<CudaStream>,
+    cstream: &'a Arc<CudaStream>,
+    take: impl FnOnce(&'a CudaStream) -> (dsys::CUdeviceptr, SyncOnDrop<'a>),
+    op: &'static str,
+    f: impl FnOnce(&Bound) -> Result<R>,
+) -> Result<R> {
+    let end = End::begin::<T>(len, owner, cstream, take, op)?;
+    let r = f(&end.bound);
+    drop(end);
+    r
 }
+
+/// The brand of one [`CudarcView::with`] / [`CudarcViewMut::with`] call. Each call's closure
+/// is generic over `'v` (`for<'v>`, as `std::thread::scope`'s over `'scope`), so the views of
+/// two calls have types that never unify, and the marker keeps the type *invariant* in `'v`
+/// so that no coercion can make them meet. That is what refuses `mem::swap` of the views of
+/// nested calls (the only way for safe code to own, or move, a view: none is ever handed out
+/// by value), which would give the outer closure the inner view after the inner call ended,
+/// and end the outer view early. Nor can a view, or a borrow of one, be the closure's result
+/// or be stored outside it: the result type is chosen outside the call. (A view holds no
+/// resource of its own: the state its end needs lives in the call's [`End`].)
+type Brand<'v> = PhantomData<&'v mut &'v ()>;
 
 /// cudarc memory (a `CudaSlice`, `CudaView` or `CudaViewMut`) read by cuda-mem work on one
 /// cudarc stream: a source for [`copy_async`](crate::copy_async) and [`copy`](crate::copy),
-/// and for kernels through [`DevicePtr`]. See the [module docs](self).
-pub struct CudarcView<'a, T> {
-    bound: Bound<'a>,
-    _mem: PhantomData<&'a [T]>,
+/// and for kernels through [`DevicePtr`]. Only ever lent to the closure of
+/// [`CudarcView::with`]; see the [module docs](self).
+pub struct CudarcView<'v, T> {
+    bound: &'v Bound,
+    _brand: Brand<'v>,
+    _mem: PhantomData<&'v [T]>,
 }
 
 /// cudarc memory (a `CudaSlice` or `CudaViewMut`) read and written by cuda-mem work on one
 /// cudarc stream: also a destination for copies and [`memset_async`](crate::memset_async),
-/// and writable through [`DevicePtrMut`].
-pub struct CudarcViewMut<'a, T> {
-    bound: Bound<'a>,
-    _mem: PhantomData<&'a mut [T]>,
+/// and writable through [`DevicePtrMut`]. Only ever lent to the closure of
+/// [`CudarcViewMut::with`].
+pub struct CudarcViewMut<'v, T> {
+    bound: &'v Bound,
+    _brand: Brand<'v>,
+    _mem: PhantomData<&'v mut [T]>,
 }
 
-impl<'a, T: Pod> CudarcView<'a, T> {
-    /// Views `mem` for cuda-mem work on `stream`: `stream` is ordered after all work queued on
-    /// the memory's own stream and after cudarc's pending writes (cudarc's
-    /// `DevicePtr::device_ptr`). The view borrows `mem`; when it drops, cudarc's read event
-    /// covers what was queued through it.
+impl<T: Pod> CudarcView<'_, T> {
+    /// Runs `f` with a view of `mem` for cuda-mem work on `stream`, and returns its result.
+    /// Before `f`, `stream` is ordered after all work queued on the memory's own stream and
+    /// after cudarc's pending writes (cudarc's `DevicePtr::device_ptr`). After `f`, on every
+    /// way out (its result, an error, a panic), everything queued through the view is behind
+    /// the end of `stream`, where cudarc's read event of `mem` is recorded and where the
+    /// memory's own stream (which frees it) waits; so cudarc writes and frees `mem` only after
+    /// that work. The end never panics; where it cannot order on the device, the host waits.
     ///
-    /// Errors: those of [`stream`]; the driver's, for a failed wait.
-    pub fn new<S: CudarcDevicePtr<T> + ?Sized>(
+    /// ```no_run
+    /// # use cudarc::driver::{CudaContext, CudaSlice};
+    /// # use cuda_mem::{copy_async, HostAllocFlags, PinnedBuffer};
+    /// use cuda_mem::interop::cudarc::CudarcView;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cs = CudaContext::new(0)?.new_stream()?;
+    /// let y: CudaSlice<u32> = cs.alloc_zeros(3)?;
+    /// let mut host = PinnedBuffer::<u32>::zeroed(3, HostAllocFlags::DEFAULT)?;
+    /// CudarcView::with(&y, &cs, |view| copy_async(&mut host, view, view.stream()))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The view is lent to `f` only: it cannot be its result, nor be stored outside it.
+    ///
+    /// ```compile_fail
+    /// # use cudarc::driver::{CudaContext, CudaSlice};
+    /// use cuda_mem::interop::cudarc::CudarcView;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cs = CudaContext::new(0)?.new_stream()?;
+    /// let y: CudaSlice<u32> = cs.alloc_zeros(3)?;
+    /// let view = CudarcView::with(&y, &cs, |view| Ok(view))?; // error: lifetime may not live long enough
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// ```compile_fail,E0521
+    /// # use cudarc::driver::{CudaContext, CudaSlice};
+    /// use cuda_mem::interop::cudarc::CudarcView;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cs = CudaContext::new(0)?.new_stream()?;
+    /// let y: CudaSlice<u32> = cs.alloc_zeros(3)?;
+    /// let mut kept = None;
+    /// CudarcView::with(&y, &cs, |view| {
+    ///     kept = Some(view); // error: borrowed data escapes outside of closure
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: those of [`stream`]; the driver's, for a failed wait (then `f` is not run).
+    pub fn with<'a, S, R>(
         mem: &'a S,
         stream: &'a Arc<CudaStream>,
-    ) -> Result<Self> {
-        let bound = Bound::new::<T>(
+        f: impl for<'v> FnOnce(&CudarcView<'v, T>) -> Result<R>,
+    ) -> Result<R>
+    where
+        S: CudarcDevicePtr<T> + ?Sized,
+    {
+        scoped::<T, R>(
             mem.len(),
             mem.stream().clone(),
             stream,
             move |s| mem.device_ptr(s),
-            "CudarcView::new",
-        )?;
-        Ok(CudarcView {
-            bound,
-            _mem: PhantomData,
-        })
+            "CudarcView::with",
+            |bound| {
+                f(&CudarcView {
+                    bound,
+                    _brand: PhantomData,
+                    _mem: PhantomData,
+                })
+            },
+        )
     }
 }
 
-impl<'a, T: Pod> CudarcViewMut<'a, T> {
-    /// Views `mem` for cuda-mem work on `stream` that may write it: `stream` is ordered after
-    /// all work queued on the memory's own stream and after cudarc's pending reads and writes
-    /// (cudarc's `DevicePtrMut::device_ptr_mut`). When the view drops, cudarc's write event
-    /// covers what was queued through it.
-    pub fn new<S: CudarcDevicePtrMut<T> + ?Sized>(
+impl<T: Pod> CudarcViewMut<'_, T> {
+    /// Runs `f` with a view of `mem` for cuda-mem work on `stream` that may write it, and
+    /// returns its result. Before `f`, `stream` is ordered after all work queued on the
+    /// memory's own stream and after cudarc's pending reads and writes (cudarc's
+    /// `DevicePtrMut::device_ptr_mut`). After `f`, on every way out, everything queued through
+    /// the view is behind the end of `stream`, where cudarc's write event of `mem` is recorded
+    /// and where the memory's own stream waits, as for [`CudarcView::with`].
+    ///
+    /// ```no_run
+    /// # use cudarc::driver::{CudaContext, CudaSlice};
+    /// # use cuda_mem::{copy_async, HostAllocFlags, PinnedBuffer};
+    /// use cuda_mem::interop::cudarc::{stream, CudarcViewMut};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cs = CudaContext::new(0)?.new_stream()?;
+    /// let s = stream(&cs)?; // the view's stream, for cuda-mem
+    /// let mut y: CudaSlice<u32> = cs.alloc_zeros(3)?;
+    /// let host = PinnedBuffer::from_slice(&[1u32, 2, 3], HostAllocFlags::DEFAULT)?;
+    /// CudarcViewMut::with(&mut y, &cs, |view| copy_async(view, &host, &s))?;
+    /// assert_eq!(cs.clone_dtoh(&y)?, [1, 2, 3]); // cudarc waits for the copy
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The views of two calls have distinct types, even nested ones: they cannot be swapped.
+    ///
+    /// ```compile_fail,E0521
+    /// # use cudarc::driver::{CudaContext, CudaSlice};
+    /// use cuda_mem::interop::cudarc::CudarcViewMut;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cs = CudaContext::new(0)?.new_stream()?;
+    /// let (mut x, mut y): (CudaSlice<u32>, CudaSlice<u32>) = (cs.alloc_zeros(3)?, cs.alloc_zeros(3)?);
+    /// CudarcViewMut::with(&mut x, &cs, |xv| {
+    ///     CudarcViewMut::with(&mut y, &cs, |yv| {
+    ///         std::mem::swap(xv, yv); // error: borrowed data escapes outside of closure
+    ///         Ok(())
+    ///     })
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: as for [`CudarcView::with`].
+    pub fn with<'a, S, R>(
         mem: &'a mut S,
         stream: &'a Arc<CudaStream>,
-    ) -> Result<Self> {
+        f: impl for<'v> FnOnce(&mut CudarcViewMut<'v, T>) -> Result<R>,
+    ) -> Result<R>
+    where
+        S: CudarcDevicePtrMut<T> + ?Sized,
+    {
         let (len, owner) = (mem.len(), mem.stream().clone());
-        let bound = Bound::new::<T>(
+        scoped::<T, R>(
             len,
             owner,
             stream,
@@ -515,12 +698,15 @@ impl<'a, T: Pod> CudarcViewMut<'a, T> {
                 let mem: &'a mut S = mem;
                 mem.device_ptr_mut(s)
             },
-            "CudarcViewMut::new",
-        )?;
-        Ok(CudarcViewMut {
-            bound,
-            _mem: PhantomData,
-        })
+            "CudarcViewMut::with",
+            |bound| {
+                f(&mut CudarcViewMut {
+                    bound,
+                    _brand: PhantomData,
+                    _mem: PhantomData,
+                })
+            },
+        )
     }
 }
 

@@ -310,6 +310,7 @@ fn cudarc_interop(
     mut host: PinnedBuffer<f32>,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
     use cuda_mem::Slice as _;
+    let ctx = interop::cudarc::context(Device::get(0)?)?;
     let s = interop::cudarc::stream(&cs)?;
     {
         let x = buf.cudarc_ptr(&cs)?;
@@ -320,14 +321,8 @@ fn cudarc_interop(
         builder.arg(&mut y);
     }
     cs.memcpy_dtod(&buf.cudarc_ptr(&cs)?, &mut slice)?;
-    {
-        let v = CudarcView::new(&slice, &cs)?;
-        copy_async(&mut host, &v, v.stream())?;
-    }
-    {
-        let mut v = CudarcViewMut::new(&mut slice, &cs)?;
-        copy_async(&mut v, &host, &s)?;
-    }
+    CudarcView::with(&slice, &cs, |v| copy_async(&mut host, v, v.stream()))?;
+    CudarcViewMut::with(&mut slice, &cs, |v| copy_async(v, &host, &s))?;
     Ok(())
 }
 
