@@ -21,6 +21,16 @@
 //!
 //! The traits are implemented for this crate's kinds only (their promise, that the host may
 //! use the memory once the fence allows, is sealed), and downstream code bounds on them.
+//! Device memory, and views of it, have no host access:
+//!
+//! ```compile_fail,E0599
+//! # fn main() -> cuda_mem::Result<()> {
+//! use cuda_mem::{DeviceBuffer, HostMemory, Slice};
+//! let dev = DeviceBuffer::<u32>::zeroed(16)?;
+//! let v = dev.slice(..8)?;
+//! let _ = v.as_slice(); // error: `as_slice` exists for `View<'_, u32, DeviceBuffer<u32>>`, but its bounds are not met
+//! # Ok(()) }
+//! ```
 
 use bytemuck::Pod;
 

@@ -413,3 +413,40 @@ fn a_borrowed_event_orders_streams_and_is_left_to_its_owner() {
     let code = unsafe { sys::cudaEventDestroy(raw) };
     assert_eq!(code, sys::cudaError::cudaSuccess);
 }
+
+/// Issue 20: host access to a view waits only for the GPU work on its own elements. The GPU
+/// writes the upper half of a pinned buffer behind a slow kernel while the host fills and
+/// reads the lower half through `HostMemoryMut` / `HostMemory` (generic code); the upper
+/// half's copy is still pending afterwards, and a host read of it then waits for it.
+#[test]
+fn the_host_fills_one_half_while_the_gpu_writes_the_other() {
+    use cuda_mem::{HostMemory, HostMemoryMut};
+    fn sum<M: HostMemory<u32> + ?Sized>(m: &M) -> u64 {
+        m.as_slice().unwrap().iter().map(|&x| u64::from(x)).sum()
+    }
+    gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let n = 4 << 20;
+    let half = n / 2;
+    let data = pattern(half, 77);
+    let dev = DeviceBuffer::from_slice(&data).unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let mut host = PinnedBuffer::<u32>::zeroed(n, HostAllocFlags::DEFAULT).unwrap();
+    for round in 0..3u32 {
+        let (mut lo, mut hi) = host.split_at_mut(half).unwrap();
+        probes.spin(SPIN / 3, &s).unwrap();
+        copy_async(&mut hi, &dev, &s).unwrap();
+        lo.as_mut_slice().unwrap().fill(round + 1);
+        assert_eq!(sum(&lo), u64::from(round + 1) * half as u64);
+        assert!(
+            !s.is_idle().unwrap() || cuda_mem_tests::under_sanitizer(),
+            "the host access to the lower half waited for the upper half's copy"
+        );
+        assert!(hi.as_slice().unwrap() == &data[..], "round {round}");
+        assert!(HostMemory::as_slice(&host).unwrap()[..half]
+            .iter()
+            .all(|&x| x == round + 1));
+    }
+    // Views of device memory have no host access: `HostMemory` is not implemented for them
+    // (a compile error), and managed memory refuses it where the device cannot allow it.
+}
