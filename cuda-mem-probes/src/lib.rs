@@ -8,22 +8,8 @@ use std::ffi::{CStr, CString};
 use std::os::raw::c_void;
 
 use cuda_mem::{
-    sys, Device, DeviceBuffer, DevicePtr, DevicePtrMut as _, Error, ErrorCode, Misuse, Result,
-    Stream,
+    check, sys, Device, DeviceBuffer, DevicePtr, DevicePtrMut as _, Misuse, Result, Stream,
 };
-
-/// Turns a runtime return code into a `Result`, clearing the thread's last error on failure.
-fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
-    if code == sys::cudaError::cudaSuccess {
-        return Ok(());
-    }
-    // SAFETY: takes no arguments; only reads and resets thread state.
-    unsafe { sys::cudaGetLastError() };
-    Err(Error::Cuda {
-        code: ErrorCode(code.0),
-        call: call(),
-    })
-}
 
 /// The probes work on whole 16-byte words: anything else is refused, not silently truncated.
 fn whole_words(op: &'static str, bytes: usize) -> Result<u64> {
@@ -765,6 +751,7 @@ impl Probes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cuda_mem::Error;
 
     #[test]
     fn probes_take_whole_words_only() {

@@ -347,6 +347,15 @@ pub enum Error {
     },
     /// Misuse the runtime never saw.
     Misuse(Misuse),
+    /// The operating system refused what the crate asked of it: a memory mapping (fast
+    /// pinning), a worker thread (staged copies).
+    Os {
+        /// What was asked, e.g. `mmap(268435456 bytes) for pinned memory`.
+        call: String,
+        /// The OS error number (`errno`); `ENOMEM` counts as out of memory
+        /// ([`is_out_of_memory`](Error::is_out_of_memory)).
+        errno: i32,
+    },
 }
 
 impl Error {
@@ -354,7 +363,15 @@ impl Error {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             Error::Cuda { code, .. } => Some(*code),
-            Error::Misuse(_) => None,
+            Error::Misuse(_) | Error::Os { .. } => None,
+        }
+    }
+
+    /// An OS error of `call` (`errno` from `err`, `EIO` where it has none).
+    pub(crate) fn os(call: impl Into<String>, err: &std::io::Error) -> Error {
+        Error::Os {
+            call: call.into(),
+            errno: err.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 
@@ -362,21 +379,24 @@ impl Error {
     pub fn misuse(&self) -> Option<&Misuse> {
         match self {
             Error::Misuse(m) => Some(m),
-            Error::Cuda { .. } => None,
+            Error::Cuda { .. } | Error::Os { .. } => None,
         }
     }
 
-    /// The failed call with its arguments, for runtime failures.
+    /// The failed call with its arguments, for runtime and OS failures.
     pub fn call(&self) -> Option<&str> {
         match self {
-            Error::Cuda { call, .. } => Some(call),
+            Error::Cuda { call, .. } | Error::Os { call, .. } => Some(call),
             Error::Misuse(_) => None,
         }
     }
 
-    /// Out of memory (`cudaErrorMemoryAllocation`).
+    /// Out of memory (`cudaErrorMemoryAllocation`, or the OS's `ENOMEM`).
     pub fn is_out_of_memory(&self) -> bool {
-        self.code().is_some_and(ErrorCode::is_out_of_memory)
+        match self {
+            Error::Os { errno, .. } => *errno == libc::ENOMEM,
+            _ => self.code().is_some_and(ErrorCode::is_out_of_memory),
+        }
     }
 
     /// The context is corrupted (see [`ErrorCode::is_sticky`]).
@@ -432,6 +452,11 @@ impl fmt::Display for Error {
                 )
             }
             Error::Misuse(m) => m.fmt(f),
+            Error::Os { call, errno } => write!(
+                f,
+                "{call} failed: {} (errno {errno})",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
         }
     }
 }
@@ -441,7 +466,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Cuda { code, .. } => Some(code),
-            Error::Misuse(_) => None,
+            Error::Misuse(_) | Error::Os { .. } => None,
         }
     }
 }
@@ -458,7 +483,19 @@ impl From<Misuse> for Error {
 /// On failure the runtime's per-thread last-error state is cleared (`cudaGetLastError`), so
 /// that the error, now returned here, does not surface again in an unrelated later call. A
 /// sticky error cannot be cleared and stays.
-pub(crate) fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
+///
+/// Public for code that makes raw runtime calls beside this crate's (through
+/// [`sys`](crate::sys)), so that its failures read like the crate's:
+///
+/// ```no_run
+/// use cuda_mem::{check, sys};
+/// # fn main() -> cuda_mem::Result<()> {
+/// let mut n = 0;
+/// // SAFETY: a valid out-pointer.
+/// check(unsafe { sys::cudaGetDeviceCount(&mut n) }, || "cudaGetDeviceCount".into())?;
+/// # Ok(()) }
+/// ```
+pub fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
     if code == sys::cudaError::cudaSuccess {
         return Ok(());
     }
@@ -494,6 +531,35 @@ pub(crate) fn check_call(code: sys::cudaError_t, call: &'static str) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// OS refusals are their own kind (issue 20: they were misuse or a CUDA code), with the
+    /// OS's text; `ENOMEM` is out of memory, so the pools' empty-and-retry applies.
+    #[test]
+    fn os_errors_keep_errno_and_text() {
+        let e = Error::os(
+            "mmap(4096 bytes) for pinned memory",
+            &std::io::Error::from_raw_os_error(libc::ENOMEM),
+        );
+        assert_eq!(
+            e,
+            Error::Os {
+                call: "mmap(4096 bytes) for pinned memory".into(),
+                errno: libc::ENOMEM
+            }
+        );
+        assert!(e.is_out_of_memory());
+        assert_eq!(e.code(), None);
+        assert_eq!(e.misuse(), None);
+        assert_eq!(e.call(), Some("mmap(4096 bytes) for pinned memory"));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("mmap(4096 bytes) for pinned memory failed: ")
+                && text.ends_with(&format!("(errno {})", libc::ENOMEM)),
+            "{text}"
+        );
+        let e = Error::os("thread", &std::io::Error::from_raw_os_error(libc::EAGAIN));
+        assert!(!e.is_out_of_memory());
+    }
 
     #[test]
     fn misuse_messages() {

@@ -87,7 +87,7 @@ pub use devices::{
     driver_version, format_version, runtime_version, Device, DeviceFlags, DeviceGuard,
     MemoryCapabilities, BUILT_CUDART_VERSION,
 };
-pub use error::{Error, ErrorCode, Misuse, Result};
+pub use error::{check, Error, ErrorCode, Misuse, Result};
 pub use event::{Event, EventFlags};
 pub use host::{HostMemory, HostMemoryMut};
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};

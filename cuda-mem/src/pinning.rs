@@ -375,19 +375,12 @@ fn map_aligned(len: usize) -> Result<*mut u8> {
         )
     };
     if raw == libc::MAP_FAILED {
-        let errno = std::io::Error::last_os_error();
-        // Out of memory is reported as CUDA reports it (`cudaErrorMemoryAllocation`), so that
-        // `is_out_of_memory()` holds and a pool empties its cache and retries; the call says
-        // it was the mapping that failed.
-        let code = if errno.raw_os_error() == Some(libc::ENOMEM) {
-            sys::cudaError::cudaErrorMemoryAllocation
-        } else {
-            sys::cudaError::cudaErrorInvalidValue
-        };
-        return Err(crate::error::Error::Cuda {
-            code: crate::error::ErrorCode(code.0),
-            call: format!("mmap({}) for pinned memory: {errno}", fmt_bytes(over)),
-        });
+        // ENOMEM counts as out of memory (`Error::is_out_of_memory`), so that a pool empties
+        // its cache and retries.
+        return Err(crate::error::Error::os(
+            format!("mmap({}) for pinned memory", fmt_bytes(over)),
+            &std::io::Error::last_os_error(),
+        ));
     }
     let base = raw as usize;
     let start = base.next_multiple_of(MAP_ALIGN);

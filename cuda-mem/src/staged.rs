@@ -278,10 +278,7 @@ impl Stager {
             let handle = std::thread::Builder::new()
                 .name(format!("cuda-mem-stage-{w}"))
                 .spawn(move || worker(&sh, w))
-                .map_err(|e| Misuse::InvalidArgument {
-                    op: "Stager::new",
-                    reason: format!("cannot start a staging thread: {e}"),
-                })?;
+                .map_err(|e| Error::os(format!("Stager::new: starting staging thread {w}"), &e))?;
             // (On error, dropping `stager` stops the workers started so far.)
             stager.workers.push(handle);
         }
