@@ -57,6 +57,8 @@ mod flags;
 pub mod interop;
 mod managed;
 mod mapped;
+#[cfg(feature = "measure")]
+pub mod measure;
 mod peer;
 mod pinned;
 mod pinned_pool;
