@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds every test, example and the cuda-mem binary of the workspace in release mode into one
 # self-contained folder, with a runner, for an x86-64 Linux machine that has only the NVIDIA
-# driver. cudart is linked statically where the toolkit has libcudart_static.a; otherwise
+# driver. The cuda-mem binary is built on its own (`-p cuda-mem-cli`), without the library's
+# fault seams, which a workspace build unifies in from the tests crate (feature `testing`).
+# cudart is linked statically where the toolkit has libcudart_static.a; otherwise
 # (CUDA 12.0 to 12.4 wheels) the bundle carries the toolkit's libcudart.so.N in lib/, found
 # through the executables' rpath ($ORIGIN/../lib) and run.sh's LD_LIBRARY_PATH.
 #
@@ -42,10 +44,22 @@ trap 'rm -f "$msgs"' EXIT
 # Build output goes to stderr (errors stay visible); only the JSON is read.
 cargo test --release --workspace --no-run --message-format=json >"$msgs"
 cargo build --release --workspace --bins --examples --message-format=json >>"$msgs"
+# Not the workspace's cuda-mem binary: it has cuda-mem's `testing` feature (the fault seams).
 collect <"$msgs" | while read -r dir name exe; do
-  cp "$exe" "$out/$dir/$name"
+  if [ "$dir/$name" != bin/cuda-mem ]; then cp "$exe" "$out/$dir/$name"; fi
+done
+# The shipped binary, built alone: only the features cuda-mem-cli asks for (`measure`). It is
+# copied at once: both builds write the same target/release/cuda-mem.
+cargo build --release -p cuda-mem-cli --bin cuda-mem --message-format=json >"$msgs"
+collect <"$msgs" | while read -r dir name exe; do
+  if [ "$dir/$name" = bin/cuda-mem ]; then cp "$exe" "$out/bin/cuda-mem"; fi
 done
 [ -x "$out/bin/cuda-mem" ] || { echo "bundle.sh: no cuda-mem executable was built" >&2; exit 1; }
+# Proof that it is that build: no string of the test seams (string literals survive stripping),
+# and its version line names the library features it was built with.
+if grep -qaF 'forced by cuda_mem::testing' "$out/bin/cuda-mem"; then
+  echo "bundle.sh: bin/cuda-mem carries cuda-mem's test seams (feature \`testing\`)" >&2; exit 1
+fi
 
 # A dynamically linked cudart travels with the bundle.
 need=$(readelf -d "$out/bin/cuda-mem" | sed -n 's/.*NEEDED.*\[\(libcudart\.so[^]]*\)\].*/\1/p')
@@ -57,6 +71,13 @@ if [ -n "$need" ]; then
   cp -L "$lib" "$out/lib/$need"
   link="dynamic cudart: lib/$need"
 fi
+# (`--version` makes no CUDA call; a dynamic cudart is found through the rpath, in lib/.)
+features=$("$out/bin/cuda-mem" --version)
+case "$features" in
+  *"library features: "*testing*) echo "bundle.sh: $features: built with \`testing\`" >&2; exit 1 ;;
+  *"library features: "*) ;;
+  *) echo "bundle.sh: bin/cuda-mem --version names no library features: $features" >&2; exit 1 ;;
+esac
 # The C++ and PyTorch references that `gpu-session.sh bench|multi` build and run, beside the
 # bundles (bundle/refbench/), from $CUDA_MEM_REFBENCH (default /work/shared/refbench).
 refbench=${CUDA_MEM_REFBENCH:-/work/shared/refbench}
@@ -67,6 +88,7 @@ fi
 cp scripts/bundle-run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 printf 'CUDA %s (%s), headers from %s\n' "$ver" "$link" "$root" > "$out/VERSION"
+printf '%s\n' "$features" >> "$out/VERSION"
 [ -f "$root/WHEELS" ] && sed 's/^/  wheel /' "$root/WHEELS" >> "$out/VERSION"
 du -sh "$out"
 ls "$out/tests" "$out/bin"

@@ -18,6 +18,8 @@ for l in lib64 lib lib/x86_64-linux-gnu targets/x86_64-linux/lib; do
     export LD_LIBRARY_PATH="$root/$l${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break
   fi
 done
+# Built on its own (`-p cuda-mem-cli`, never with the workspace): a workspace build unifies in
+# cuda-mem's `testing` feature (the fault seams) from the tests crate.
 exe=$(cargo build --release -q -p cuda-mem-cli --bin cuda-mem --message-format=json |
   python3 -c '
 import json, sys
@@ -26,5 +28,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda-mem":
         print(m["executable"])')
 [ -n "$exe" ] || { echo "cuda-mem.sh: cargo reported no cuda-mem executable" >&2; exit 1; }
+if grep -qaF 'forced by cuda_mem::testing' "$exe"; then
+  echo "cuda-mem.sh: $exe carries cuda-mem's test seams (feature \`testing\`)" >&2; exit 1
+fi
 [ $# -gt 0 ] || set -- bench
 exec "$exe" "$@"

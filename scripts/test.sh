@@ -33,6 +33,16 @@ cargo fmt --all -- --check
 if cargo tree -p cuda-mem -e normal --prefix none | grep -q '^cudarc '; then
   echo "cudarc is a dependency of cuda-mem's default build"; exit 1
 fi
+# The cuda-mem binary, built alone as scripts/bundle.sh and scripts/cuda-mem.sh build it, never
+# has the fault seams (`testing`) compiled in: it asks for `measure` only. (A workspace build
+# unifies `testing` in from the tests crate, so those scripts build the binary on its own.)
+cli_features=$(cargo tree -p cuda-mem-cli -e features -i cuda-mem)
+if grep -qF 'cuda-mem feature "testing"' <<<"$cli_features"; then
+  echo "cuda-mem-cli's own build enables cuda-mem's \`testing\` feature (its fault seams):"
+  echo "$cli_features"; exit 1
+fi
+grep -qF 'cuda-mem feature "measure"' <<<"$cli_features" ||
+  { echo "cuda-mem-cli's feature tree does not show cuda-mem's \`measure\`:"; echo "$cli_features"; exit 1; }
 cargo clippy -p cuda-mem --lib -- -D warnings
 cargo doc -p cuda-mem --no-deps
 cargo clippy --workspace --all-targets -- -D warnings
@@ -56,7 +66,7 @@ if cargo +nightly miri --version >/dev/null 2>&1; then
     pinned_pool::tests staged::tests::chunks_scale pinning::tests::shares \
     pinning::tests::auto pool::tests
   # A pooled buffer's whole bookkeeping (handles, fence, free ordering) on stand-in handles.
-  cargo +nightly miri test -p cuda-mem --features testing --lib -- testing::
+  cargo +nightly miri test -p cuda-mem --features measure --lib -- measure::
 else
   echo "SKIP Miri: the nightly toolchain with the miri component is not installed" \
        "(rustup toolchain install nightly --component miri)"

@@ -189,12 +189,15 @@ fn percent(v: &str) -> Result<f64, String> {
     }
 }
 
-/// The version line: the package's, and the CUDA headers it was built with.
+/// The version line: the package's, the CUDA headers it was built with, and the cuda-mem
+/// library features compiled in (`testing` there means the fault seams are too: a workspace
+/// build, not the shipped binary, which `cargo build -p cuda-mem-cli` builds alone).
 pub fn version() -> String {
     format!(
-        "{} (built with CUDA {} headers)",
+        "{} (built with CUDA {} headers; library features: {})",
         env!("CARGO_PKG_VERSION"),
-        cuda_mem::format_version(cuda_mem::BUILT_CUDART_VERSION as i32)
+        cuda_mem::format_version(cuda_mem::BUILT_CUDART_VERSION as i32),
+        cuda_mem::measure::library_features().join(", ")
     )
 }
 

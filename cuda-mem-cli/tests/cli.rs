@@ -118,7 +118,12 @@ fn help_version_and_completions() {
     }
     let out = cuda_mem(&["--version"]);
     assert_eq!(out.status.code(), Some(0));
-    assert!(text(&out.stdout).starts_with(&format!("cuda-mem {}", env!("CARGO_PKG_VERSION"))));
+    let version = text(&out.stdout);
+    assert!(version.starts_with(&format!("cuda-mem {}", env!("CARGO_PKG_VERSION"))));
+    // The library features it was built with (whether the fault seams are in: scripts check
+    // the shipped binary's line), `measure` always.
+    assert!(version.contains("library features: "), "{version}");
+    assert!(version.contains("measure"), "{version}");
     for (shell, marker) in [
         ("bash", "_cuda-mem()"),
         ("zsh", "#compdef cuda-mem"),

@@ -1,12 +1,12 @@
 //! The host bookkeeping of a pooled buffer (`DeviceBuffer::from_pool` + drop without the two
 //! runtime calls: pool and stream handles, fence, allocation recorded, free ordered), timed on
-//! the CPU with stand-in handles (`cuda_mem::testing::detached_pool_pairs`): needs no GPU and
+//! the CPU with stand-in handles (`cuda_mem::measure::detached_pool_pairs`): needs no GPU and
 //! no driver. The GPU-side counterpart is `cuda-mem bench`'s `pool_bookkeeping_only` row.
 //!
-//! Run: `cargo run --release -p cuda-mem --features testing --example pool_bookkeeping`
+//! Run: `cargo run --release -p cuda-mem --features measure --example pool_bookkeeping`
 //! (optional arguments: samples, pairs per sample).
 
-use cuda_mem::testing::detached_pool_pairs;
+use cuda_mem::measure::detached_pool_pairs;
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<u32>());

@@ -59,6 +59,8 @@ pub mod interop;
 mod layout;
 mod managed;
 mod mapped;
+#[cfg(feature = "measure")]
+pub mod measure;
 mod peer;
 mod pinned;
 mod pinned_pool;

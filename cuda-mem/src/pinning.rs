@@ -316,7 +316,7 @@ fn register(p: *mut u8, len: usize, reg: u32) -> Result<()> {
 /// populated 256 MiB of huge pages in 4.9 ms this way, against 38 ms with
 /// `madvise(MADV_POPULATE_WRITE)` and 85 ms with `MAP_POPULATE`), 1
 /// `madvise(MADV_POPULATE_WRITE)` (falling back to writes), 2 `MAP_POPULATE` when mapping
-/// (one thread, in the kernel). Set by `testing::set_populate_mode` to compare them.
+/// (one thread, in the kernel). Set by `measure::set_populate_mode` to compare them.
 pub(crate) static POPULATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 fn populate_mode() -> u8 {

@@ -319,8 +319,8 @@ impl MemPool {
     }
 
     /// A stand-in pool whose handle is never passed to the runtime, for timing the
-    /// bookkeeping of pooled buffers without a GPU (`testing::detached_pool_pairs`).
-    #[cfg(feature = "testing")]
+    /// bookkeeping of pooled buffers without a GPU (`measure::detached_pool_pairs`).
+    #[cfg(feature = "measure")]
     pub(crate) fn detached() -> MemPool {
         MemPool {
             inner: Arc::new(PoolInner {
@@ -538,7 +538,7 @@ impl Pooled {
     }
 
     /// [`free`](Self::free) with the runtime call `raw_free` (the ablation seam of
-    /// `testing::PoolPair`), called with the allocation stream ordered after all work recorded
+    /// `measure::PoolPair`), called with the allocation stream ordered after all work recorded
     /// on `fence` and its device current. The exclusive borrow of the fence (the buffer is
     /// being freed: nothing else can use it) spares the lock.
     pub(crate) fn free_with(
@@ -610,7 +610,7 @@ pub(crate) fn alloc_for<T>(
 }
 
 /// [`alloc`] with the runtime call `raw_alloc` (the ablation seam of
-/// `testing::PoolPair`), called with the stream's device current.
+/// `measure::PoolPair`), called with the stream's device current.
 pub(crate) fn alloc_with(
     pool: &MemPool,
     bytes: usize,

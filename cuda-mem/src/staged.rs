@@ -151,6 +151,7 @@ struct Job {
     /// Workers taking part: worker `w` copies chunks `w`, `w + parts`, ...
     parts: usize,
     /// A forced failure at this chunk (the `testing` feature).
+    #[cfg(feature = "testing")]
     fail_at: Option<usize>,
     abort: AtomicBool,
     error: Mutex<Option<Error>>,
@@ -182,6 +183,7 @@ impl Job {
     /// The result of chunk `c`'s `cudaMemcpyAsync` (of kind `kind`), with the forced failure
     /// of the `testing` feature.
     fn check_chunk(&self, c: usize, code: sys::cudaError_t, kind: &str) -> Result<()> {
+        #[cfg(feature = "testing")]
         if self.fail_at == Some(c) {
             return Err(Error::Cuda {
                 code: crate::ErrorCode(sys::cudaError::cudaErrorLaunchFailure.0),
@@ -385,6 +387,7 @@ impl Stager {
             bytes,
             chunk,
             parts,
+            #[cfg(feature = "testing")]
             fail_at: forced_failure(),
             abort: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -499,11 +502,6 @@ pub(crate) fn auto_stager(
 #[cfg(feature = "testing")]
 fn forced_failure() -> Option<usize> {
     crate::testing::take_staged_failure()
-}
-
-#[cfg(not(feature = "testing"))]
-fn forced_failure() -> Option<usize> {
-    None
 }
 
 /// A worker's stream and events on one device (raw handles, owned by the worker thread).
@@ -891,6 +889,7 @@ mod tests {
             bytes: 100_003,
             chunk: 4096,
             parts: 3,
+            #[cfg(feature = "testing")]
             fail_at: None,
             abort: AtomicBool::new(false),
             error: Mutex::new(None),

@@ -347,9 +347,9 @@ impl Stream {
         &self.inner
     }
 
-    /// Another handle to the same stream (`testing::PoolPair` keeps one, as a pooled buffer's
+    /// Another handle to the same stream (`measure::PoolPair` keeps one, as a pooled buffer's
     /// fence does).
-    #[cfg(feature = "testing")]
+    #[cfg(feature = "measure")]
     pub(crate) fn from_inner(inner: Arc<StreamInner>) -> Stream {
         Stream { inner }
     }

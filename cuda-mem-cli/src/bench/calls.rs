@@ -146,7 +146,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
             // Ablation: the raw call with our fence bookkeeping around it (two fences that no
             // buffer owns), against the raw call alone. Its overhead is the fence's share of
             // the `enqueue` overhead above; the rest is the rest of our call path.
-            let fences = cuda_mem::testing::FencePair::new();
+            let fences = cuda_mem::measure::FencePair::new();
             let t = paired(samples, |with_fences| {
                 held_calls(gate, s, || {
                     if with_fences {

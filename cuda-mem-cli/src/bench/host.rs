@@ -84,7 +84,7 @@ fn memcpy_gbps(src: &[u8], dst: &mut [u8], threads: usize, nt: bool, samples: u3
             for (d, sr) in dst.chunks_mut(per).zip(src.chunks(per)) {
                 s.spawn(move || {
                     if nt {
-                        cuda_mem::testing::host_copy(d, sr, true);
+                        cuda_mem::measure::host_copy(d, sr, true);
                     } else {
                         d.copy_from_slice(sr);
                     }
@@ -273,7 +273,7 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
         // Populate modes: 0 one write per page (the library's), 1
         // madvise(MADV_POPULATE_WRITE), 2 MAP_POPULATE (one thread).
         for mode in [0u8, 1, 2] {
-            cuda_mem::testing::set_populate_mode(mode);
+            cuda_mem::measure::set_populate_mode(mode);
             for huge in [false, true] {
                 for &threads in thread_counts {
                     if mode == 2 && threads != thread_counts[0] {
@@ -292,7 +292,7 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
                             strategy,
                         )?;
                         a.push(t.elapsed().as_secs_f64() * 1e3);
-                        ph.push(cuda_mem::testing::last_pin_phases());
+                        ph.push(cuda_mem::measure::last_pin_phases());
                         let t = Instant::now();
                         buf.free()?;
                         f.push(t.elapsed().as_secs_f64() * 1e3);
@@ -340,7 +340,7 @@ fn cold_pin(res: &mut BenchResults, cfg: &Config) -> Result<()> {
                 }
             }
         }
-        cuda_mem::testing::set_populate_mode(0);
+        cuda_mem::measure::set_populate_mode(0);
         // Copy bandwidth and data from such a buffer against cudaHostAlloc memory.
         let strategy = PinStrategy::Auto;
         let mut ours = PinnedBuffer::<u8>::with_strategy(b, HostAllocFlags::DEFAULT, strategy)?;

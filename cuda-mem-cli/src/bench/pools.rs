@@ -12,7 +12,7 @@
 //! - `pool`: our pool without a synchronize: the cost of a pair on the host, timed in batches of
 //!   [`BATCH`] pairs (the stream is synchronized between batches, untimed).
 //! - `pool_bookkeeping_only`: ablation of `pool`: the raw pair with our host bookkeeping around
-//!   it ([`cuda_mem::testing::PoolPair`]: the pool handle a pooled buffer keeps, its fence
+//!   it ([`cuda_mem::measure::PoolPair`]: the pool handle a pooled buffer keeps, its fence
 //!   with the allocation stream and the allocation's mark, the free ordered after it), against
 //!   the raw pair alone, batched as `pool`. Its overhead is the bookkeeping's share of `pool`'s; the rest is
 //!   the buffer type around it.
@@ -75,7 +75,7 @@ fn raw_pair(pool: Option<&MemPool>, bytes: usize, stream: &Stream, sync: bool) -
 
 /// One raw pair (no synchronize) with our bookkeeping around it.
 fn bookkeeping_pair(
-    pair: &cuda_mem::testing::PoolPair,
+    pair: &cuda_mem::measure::PoolPair,
     pool: &MemPool,
     bytes: usize,
     stream: &Stream,
@@ -208,7 +208,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                 // Ablation of this row: the raw pair with only our bookkeeping around it.
                 let r = match pool {
                     Ok(pool) => {
-                        let pair = cuda_mem::testing::PoolPair::new(pool, &stream);
+                        let pair = cuda_mem::measure::PoolPair::new(pool, &stream);
                         measure(
                             samples,
                             BATCH,
@@ -220,7 +220,7 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
                     Err(e) => Err(e.clone()),
                 };
                 let note = "ablation of pool: the raw pair with only our bookkeeping around it \
-                            (testing::PoolPair); µs - raw µs is its share";
+                            (measure::PoolPair); µs - raw µs is its share";
                 let kind = "pool_bookkeeping_only";
                 record(res, kind, bytes, samples * BATCH, Some(note), r)?;
             }
