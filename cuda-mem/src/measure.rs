@@ -105,7 +105,8 @@ pub fn detached_pool_pairs(pairs: u32, bytes: usize) -> Result<std::time::Durati
     // never trimmed). Not owned: never destroyed.
     let stream = unsafe {
         crate::Stream::from_raw(
-            std::ptr::NonNull::dangling().as_ptr(),
+            // (Not 0, 1 or 2, which name the legacy and per-thread default streams.)
+            std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
             crate::Device::from_ordinal_unchecked(0),
         )
     };
