@@ -11,6 +11,7 @@ use std::cell::Cell;
 use bytemuck::Pod;
 
 use crate::error::{Error, ErrorCode, Result};
+use crate::fence::Backend;
 use crate::mapped::MappedBuffer;
 use crate::pinned::HostAllocFlags;
 
@@ -65,7 +66,40 @@ fn forced(code: crate::sys::cudaError, call: &str) -> Error {
     }
 }
 
-pub(crate) fn maybe_fail_record() -> Result<()> {
+/// A fence backend that injects the forced failures above into `B`'s calls: the fences'
+/// backend in builds with this feature (chosen in `fence`), so that the runtime backend itself
+/// carries no test seam.
+pub(crate) struct Faulty<B>(std::marker::PhantomData<B>);
+
+impl<B: Backend<Error = Error>> Backend for Faulty<B> {
+    type Stream = B::Stream;
+    type Event = B::Event;
+    type Error = Error;
+
+    fn same(a: &B::Stream, b: &B::Stream) -> bool {
+        B::same(a, b)
+    }
+    fn record(stream: &B::Stream, reuse: Option<B::Event>) -> Result<B::Event> {
+        maybe_fail_record()?;
+        B::record(stream, reuse)
+    }
+    fn wait(stream: &B::Stream, event: &B::Event) -> Result<()> {
+        B::wait(stream, event)
+    }
+    fn query(event: &B::Event) -> Result<bool> {
+        B::query(event)
+    }
+    fn sync_event(event: &B::Event) -> Result<()> {
+        maybe_fail_sync()?;
+        B::sync_event(event)
+    }
+    fn sync_stream(stream: &B::Stream) -> Result<()> {
+        maybe_fail_sync()?;
+        B::sync_stream(stream)
+    }
+}
+
+fn maybe_fail_record() -> Result<()> {
     if take(&FAIL_RECORDS) {
         return Err(forced(
             crate::sys::cudaError::cudaErrorInvalidResourceHandle,
@@ -75,7 +109,7 @@ pub(crate) fn maybe_fail_record() -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn maybe_fail_sync() -> Result<()> {
+fn maybe_fail_sync() -> Result<()> {
     if take(&FAIL_SYNCS) {
         return Err(forced(
             crate::sys::cudaError::cudaErrorLaunchFailure,
