@@ -433,6 +433,28 @@ fn review_pool_access_child() {
         let r = copy_async(&mut b, &src, &s1).and_then(|()| s1.synchronize());
         let check = r.is_ok().then(|| b.to_vec().map(|v| v == data));
         (r, check)
+    } else if which == "revoke" {
+        // Access granted, a copy on device 1 queued behind a slow kernel, then access revoked
+        // (safe) before the copy runs.
+        let pool = MemPool::new(d0).unwrap();
+        pool.set_access(d1, cuda_mem::PoolAccess::READ_WRITE)
+            .unwrap();
+        let mut b = DeviceBuffer::<u32>::from_pool(&pool, n, &s0).unwrap();
+        b.copy_from(&data[..]).unwrap();
+        let (probes1, mut out) = {
+            let _g = d1.guard().unwrap();
+            (
+                Probes::load().unwrap(),
+                DeviceBuffer::<u32>::zeroed(n).unwrap(),
+            )
+        };
+        probes1.spin(SPIN, &s1).unwrap();
+        copy_async(&mut out, &b, &s1).unwrap();
+        let revoked = pool.set_access(d1, cuda_mem::PoolAccess::NONE);
+        println!("{}", outcome("REVOKE", &revoked));
+        let r = s1.synchronize();
+        let check = r.is_ok().then(|| out.to_vec().map(|v| v == data));
+        (r, check)
     } else {
         let pool = MemPool::host(d0).unwrap();
         let mut h = PinnedBuffer::<u32>::from_pool(&pool, n, &s0).unwrap();
@@ -460,15 +482,17 @@ fn review_pool_access_child() {
 /// Suspicion: pool memory is only accessible from the devices the pool grants access to
 /// (`MemPool::set_access`), and the crate leaves the check to the runtime ("refused by the
 /// runtime, not checked here"). If the runtime does not refuse a *copy* on another device's
-/// stream but faults, safe code has taken down the process's context. A failure means a
-/// sticky fault (or a successful copy with wrong data); a pass is an error or a correct copy.
+/// stream but faults, safe code has taken down the process's context. Likewise when access
+/// is revoked (`set_access(NONE)`, safe) while a copy that relies on it is still queued. A
+/// failure means a sticky fault (or a successful copy with wrong data); a pass is an error
+/// or a correct copy.
 #[test]
 fn review_pool_memory_without_access_is_an_error_not_a_fault() {
     let Some((d0, _)) = two_gpus("review_pool_memory_without_access_is_an_error_not_a_fault")
     else {
         return;
     };
-    for which in ["device", "host"] {
+    for which in ["device", "revoke", "host"] {
         if which == "host" && MemPool::host(d0).is_err() {
             cuda_mem_tests::skip("review: no host pool for the host half");
             continue;
