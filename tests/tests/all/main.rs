@@ -25,6 +25,7 @@ mod pool;
 mod readme;
 mod readme_snippets;
 mod registered;
+mod review;
 mod soundness;
 mod views;
 
