@@ -12,14 +12,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cuda_mem::{
     copy, copy_async, copy_peer_range, copy_peer_range_async, copy_range, copy_range_async,
     copy_staged, memset_async, sys, testing, Attach, Device, DeviceBuffer, DeviceGuard, DevicePtr,
     DevicePtrMut, ErrorCode, HostAllocFlags as F, HostRegisterFlags, Location, ManagedBuffer,
-    MappedBuffer, MemPool, Memory, PinnedBuffer, PinnedPool, PinnedPoolConfig, Pod, RegisteredVec,
-    Slice, Stream,
+    MappedBuffer, MemPool, Memory, PinnedBuffer, PinnedPool, PinnedPoolConfig, Pod, PoolAccess,
+    RegisteredVec, Slice, Stream,
 };
 use cuda_mem_probes::Probes;
 
@@ -81,6 +81,9 @@ struct StreamSet {
 pub struct Env {
     devs: Vec<DevEnv>,
     private_pool: PinnedPool,
+    /// Whether each device's pool gave the other device access (peer copies of pooled
+    /// buffers need it).
+    pools_shared: bool,
 }
 
 impl Env {
@@ -122,17 +125,21 @@ impl Env {
                 _cudarc: ctx,
             });
         }
+        let mut pools_shared = false;
         if devices > 1 {
             let (a, b) = (devs[0].dev, devs[1].dev);
             // The direct path where there is one (NVLink, PCIe P2P); copies work either way.
-            if a.can_access_peer(b).unwrap_or(false) {
+            if a.can_access_peer(b).unwrap_or(false) && b.can_access_peer(a).unwrap_or(false) {
                 let _ = a.enable_peer_access(b);
                 let _ = b.enable_peer_access(a);
+                pools_shared = devs[0].pool.set_access(b, PoolAccess::READ_WRITE).is_ok()
+                    && devs[1].pool.set_access(a, PoolAccess::READ_WRITE).is_ok();
             }
         }
         Ok(Env {
             devs,
             private_pool: PinnedPool::new(PinnedPoolConfig::default()),
+            pools_shared,
         })
     }
 
@@ -197,11 +204,57 @@ pub struct Slot {
     model: Vec<u32>,
     kind: Kind,
     dev: usize,
+    /// Element ranges of a mapped buffer that queued GPU work reads and that no later write
+    /// has been ordered after: a host atomic store there races with the read by design
+    /// (`atomic` waits for no reader: a kernel polling a flag must go on), so it is skipped.
+    reads: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Slot {
+    fn new(buf: Buf, model: Vec<u32>, kind: Kind, dev: usize) -> Slot {
+        Slot {
+            buf,
+            model,
+            kind,
+            dev,
+            reads: Mutex::new(Vec::new()),
+        }
+    }
+
     fn len(&self) -> usize {
         self.model.len()
+    }
+
+    /// Notes GPU work queued that reads elements `off..off + n` and may still run.
+    fn reading(&self, off: usize, n: usize) {
+        if self.kind != Kind::Mapped {
+            return;
+        }
+        let mut r = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        r.push((off, off + n));
+        if r.len() > 64 {
+            // Their hull: only more stores are skipped.
+            let lo = r.iter().map(|x| x.0).min().unwrap_or(0);
+            let hi = r.iter().map(|x| x.1).max().unwrap_or(0);
+            *r = vec![(lo, hi)];
+        }
+    }
+
+    /// Elements `off..` become `vals`: a write, which the fence orders after every pending
+    /// GPU read that overlaps it (or the host waited for them all).
+    fn write(&mut self, off: usize, vals: &[u32]) {
+        let end = off + vals.len();
+        self.model[off..end].copy_from_slice(vals);
+        self.reads
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&(a, b)| !(a < end && off < b));
+    }
+
+    /// Whether a GPU read of element `i` may still be pending (see `reads`).
+    fn read_pending(&self, i: usize) -> bool {
+        let r = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter().any(|&(a, b)| a <= i && i < b)
     }
 }
 
@@ -222,6 +275,14 @@ fn op_dev(slots: &[&Slot]) -> Option<usize> {
         return None;
     }
     Some(dev)
+}
+
+/// The device of work through guards (device addresses) on these slots: as [`op_dev`], but
+/// never device 1 with host memory, which was pinned in device 0's context (its device
+/// address there is not promised; copies by host address are, and are made elsewhere).
+fn guard_dev(slots: &[&Slot]) -> Option<usize> {
+    let dev = op_dev(slots)?;
+    (dev == 0 || slots.iter().all(|s| s.kind.is_device())).then_some(dev)
 }
 
 /// `cudaMemcpyAsync` of `n` elements between two guards' addresses on `st`: the stand-in for
@@ -633,15 +694,7 @@ impl<'c> Cx<'c> {
                 )
             }
         };
-        self.put(
-            slot,
-            Slot {
-                buf,
-                model,
-                kind,
-                dev,
-            },
-        );
+        self.put(slot, Slot::new(buf, model, kind, dev));
         Ok(())
     }
 
@@ -719,7 +772,7 @@ impl<'c> Cx<'c> {
             .or_fail(&what)?,
             None => each!(&mut d.buf, b => copy_range(b, off, &data, 0, n)).or_fail(&what)?,
         }
-        d.model[off..off + n].copy_from_slice(&data);
+        d.write(off, &data);
         Ok(())
     }
 
@@ -790,7 +843,9 @@ impl<'c> Cx<'c> {
             }
         }
         .or_fail(&what)?;
-        d.model[doff..doff + n].copy_from_slice(&s.model[soff..soff + n]);
+        // (A synchronous copy into managed memory may also still read its source.)
+        s.reading(soff, n);
+        d.write(doff, &s.model[soff..soff + n]);
         Ok(())
     }
 
@@ -812,11 +867,10 @@ impl<'c> Cx<'c> {
             }
         })
         .or_fail(&format!("{} copy_range_async between halves", d.kind))?;
-        if up {
-            d.model.copy_within(0..c, mid);
-        } else {
-            d.model.copy_within(mid..mid + c, 0);
-        }
+        let (from, to) = if up { (0, mid) } else { (mid, 0) };
+        d.reading(from, c);
+        let vals = d.model[from..from + c].to_vec();
+        d.write(to, &vals);
         Ok(())
     }
 
@@ -832,7 +886,8 @@ impl<'c> Cx<'c> {
                 return Ok(());
             };
             b.memset(byte).or_fail(&what)?;
-            d.model.fill(splat(byte));
+            let len = d.len();
+            d.write(0, &vec![splat(byte); len]);
             return Ok(());
         };
         let Some((off, n)) = clamp(d.len(), range.off, range.len, false) else {
@@ -853,7 +908,7 @@ impl<'c> Cx<'c> {
             _ => return Ok(()),
         }
         .or_fail(&what)?;
-        d.model[off..off + n].fill(splat(byte));
+        d.write(off, &vec![splat(byte); n]);
         Ok(())
     }
 
@@ -870,7 +925,7 @@ impl<'c> Cx<'c> {
             write_through(probes, &mut v, n, st, forget)
         })
         .map_err(|e| format!("{} kernel write: {e}", d.kind))?;
-        d.model[off..off + n].copy_from_slice(&written(n));
+        d.write(off, &written(n));
         Ok(())
     }
 
@@ -889,8 +944,8 @@ impl<'c> Cx<'c> {
             write_through(probes, &mut hi, len - mid, st2, false)
         })
         .map_err(|e| format!("{} kernel write into halves: {e}", d.kind))?;
-        d.model[..mid].copy_from_slice(&written(mid));
-        d.model[mid..].copy_from_slice(&written(len - mid));
+        d.write(0, &written(mid));
+        d.write(mid, &written(len - mid));
         Ok(())
     }
 
@@ -921,7 +976,7 @@ impl<'c> Cx<'c> {
     }
 
     fn guard_copy(&self, d: &mut Slot, s: &Slot, len: u32, stream: StreamSel, forget: bool) -> R {
-        let Some(dev) = op_dev(&[d, s]) else {
+        let Some(dev) = guard_dev(&[d, s]) else {
             return Ok(());
         };
         let n = (len as usize).min(d.len()).min(s.len());
@@ -941,7 +996,8 @@ impl<'c> Cx<'c> {
             drop(w);
             drop(r);
         }
-        d.model[..n].copy_from_slice(&s.model[..n]);
+        s.reading(0, n);
+        d.write(0, &s.model[..n]);
         Ok(())
     }
 
@@ -959,7 +1015,7 @@ impl<'c> Cx<'c> {
             each!(buf, db => copy_range_async(db, off, &b, 0, n, st))
         })
         .or_fail(&format!("{} copy_async from a scope-borrowed Vec", d.kind))?;
-        d.model[off..off + n].copy_from_slice(&data);
+        d.write(off, &data);
         Ok(())
     }
 
@@ -987,6 +1043,10 @@ impl<'c> Cx<'c> {
         if d.dev == s.dev {
             return Ok(());
         }
+        let pooled = d.kind == Kind::DevicePool || s.kind == Kind::DevicePool;
+        if pooled && !self.env.pools_shared {
+            return Ok(());
+        }
         let (Buf::Device(db), Buf::Device(sb)) = (&mut d.buf, &s.buf) else {
             return Ok(());
         };
@@ -1002,7 +1062,7 @@ impl<'c> Cx<'c> {
                     .or_fail("copy_peer_range_async")?
             }
         }
-        d.model[..n].copy_from_slice(&s.model[..n]);
+        d.write(0, &s.model[..n]);
         Ok(())
     }
 
@@ -1030,7 +1090,7 @@ impl<'c> Cx<'c> {
         }
         if let Some(x) = into.filter(|&x| x != slot) {
             self.on_dst(x, |_, d| {
-                if op_dev(&[h, d]) != Some(dev) {
+                if guard_dev(&[h, d]) != Some(dev) {
                     return Ok(());
                 }
                 let n = h.len().min(d.len());
@@ -1038,7 +1098,8 @@ impl<'c> Cx<'c> {
                     .or_fail(&format!("{} device_ptr_mut", d.kind))?;
                 memcpy_async(w.as_mut_ptr(), g.as_ptr(), n, st)?;
                 drop(w);
-                d.model[..n].copy_from_slice(&h.model[..n]);
+                h.reading(0, n);
+                d.write(0, &h.model[..n]);
                 Ok(())
             })?;
         }
@@ -1051,23 +1112,31 @@ impl<'c> Cx<'c> {
 
 /// A mapped buffer's host atomic: a store, or a load checked against the model.
 fn atomic(d: &mut Slot, slot: SlotId, index: u32, value: Option<u32>) -> R {
+    if d.kind != Kind::Mapped {
+        return Ok(());
+    }
+    let i = index as usize % d.len();
+    if value.is_some() && d.read_pending(i) {
+        // Unpredictable by design (see `Slot::reads`): the generator never makes this; a
+        // shrunk program may.
+        return Ok(());
+    }
     let Buf::Mapped(m) = &mut d.buf else {
         return Ok(());
     };
-    let i = index as usize % d.model.len();
     let a = m.atomic(i).or_fail("MappedBuffer::atomic")?;
     match value {
         Some(v) => {
             a.store(v, Ordering::SeqCst);
-            d.model[i] = v;
+            d.write(i, &[v]);
             Ok(())
         }
         None => {
             let got = a.load(Ordering::SeqCst);
-            if got != d.model[i] {
+            let want = d.model[i];
+            if got != want {
                 return Err(format!(
-                    "s{slot} (mapped) atomic({i}).load(): MISMATCH got {got:#010x} expected {:#010x}",
-                    d.model[i]
+                    "s{slot} (mapped) atomic({i}).load(): MISMATCH got {got:#010x} expected {want:#010x}"
                 ));
             }
             Ok(())
@@ -1207,7 +1276,8 @@ fn over_aligned<A: Pod>(env: &Env, kind: OverKind, len: usize, pad_bytes: usize)
         }
         OverKind::Registered => {
             let mut v = Vec::with_capacity(len + REGISTER_SLACK.div_ceil(align));
-            v.extend(bytemuck::cast_slice::<u32, A>(&data).iter().copied());
+            v.resize(len, A::zeroed());
+            bytemuck::cast_slice_mut::<A, u32>(&mut v).copy_from_slice(&data);
             let r = RegisteredVec::register(v, HostRegisterFlags::DEFAULT);
             if let Some(b) = judge(&what, r, align, |b| host(b.as_ptr()))? {
                 roundtrip(&what, &b, len, &data)?;
