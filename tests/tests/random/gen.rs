@@ -45,6 +45,13 @@ fn compatible(a: Shape, b: Shape) -> bool {
     !((a.kind == Kind::Managed && on1(b)) || (b.kind == Kind::Managed && on1(a)))
 }
 
+/// Whether work through guards (device addresses) may use both buffers: as [`compatible`],
+/// and host memory only with device 0 (its device address on device 1 is not promised).
+fn guard_compatible(a: Shape, b: Shape) -> bool {
+    let on1 = |s: Shape| s.kind.is_device() && s.dev == 1;
+    compatible(a, b) && !((on1(a) && b.kind.is_host()) || (on1(b) && a.kind.is_host()))
+}
+
 /// The program of `seed`: the same for the same seed and configuration.
 pub fn generate(seed: u64, cfg: &GenConfig) -> Program {
     let mut rng = Rng::new(seed);
@@ -688,7 +695,7 @@ impl TGen<'_> {
         let dst = self.pick_owned(|_| true)?;
         let ds = self.shape(dst);
         let v: Vec<SlotId> = self
-            .readable(|s| compatible(s, ds))
+            .readable(|s| guard_compatible(s, ds))
             .into_iter()
             .filter(|&s| s != dst)
             .collect();
@@ -864,7 +871,7 @@ impl TGen<'_> {
         let stream = self.stream();
         let into = if self.rng.chance(70) {
             let v: Vec<SlotId> = self
-                .owned_live(|d| compatible(d, sh))
+                .owned_live(|d| guard_compatible(d, sh))
                 .into_iter()
                 .filter(|&d| d != slot)
                 .collect();
@@ -919,10 +926,12 @@ impl TGen<'_> {
         let src = self.ensure_readable(|_| true, Kind::DevicePool, 0, &[m])?;
         let n = ml.min(self.shape(src).len);
         let stream = self.stream();
-        let dev = self.dev(&[m, src]);
+        let by_copy = self.rng.chance(70);
+        // The spin holds the stream (on the device) that the write is queued on.
+        let dev = if by_copy { self.dev(&[m, src]) } else { 0 };
         let us = self.rng.range(100, 500) as u32;
         self.emit(Op::Spin { stream, dev, us });
-        let covered = if self.rng.chance(70) {
+        let covered = if by_copy {
             let via = self.via();
             self.emit(Op::CopyAsync {
                 dst: m,
@@ -1073,7 +1082,7 @@ impl TGen<'_> {
         self.emit(Op::Spin { stream, dev, us });
         let (dst, src) = if write { (p, x) } else { (x, p) };
         match self.rng.below(3) {
-            0 => {
+            0 if guard_compatible(ps, self.shape(x)) => {
                 let forget = self.rng.chance(25);
                 self.emit(Op::GuardCopy {
                     dst,
@@ -1164,7 +1173,7 @@ impl TGen<'_> {
             }
             1 => {
                 let src =
-                    self.ensure_readable(|s| compatible(s, xs), Kind::DevicePool, dv, &[x])?;
+                    self.ensure_readable(|s| guard_compatible(s, xs), Kind::DevicePool, dv, &[x])?;
                 let len = xs.len.min(self.shape(src).len);
                 self.emit(Op::GuardCopy {
                     dst: x,
@@ -1176,7 +1185,8 @@ impl TGen<'_> {
                 self.g_host_read(Some(x))
             }
             _ => {
-                let y = self.ensure_owned(|s| compatible(s, xs), Kind::DevicePool, dv, &[x])?;
+                let y =
+                    self.ensure_owned(|s| guard_compatible(s, xs), Kind::DevicePool, dv, &[x])?;
                 self.hold(x, stream, Some(y), true, |g| {
                     let _ = g.g_host_read(Some(x));
                 });
@@ -1296,8 +1306,6 @@ impl TGen<'_> {
         let xs = self.shape(x);
         let stream = StreamSel::PerThread;
         let us = self.rng.range(200, 500) as u32;
-        let dev = self.dev(&[x]);
-        self.emit(Op::Spin { stream, dev, us });
         let src = {
             let v: Vec<SlotId> = self
                 .readable(|s| compatible(s, xs))
@@ -1306,8 +1314,14 @@ impl TGen<'_> {
                 .collect();
             self.pick(&v)
         };
+        let whole = Range {
+            off: 0,
+            len: xs.len,
+        };
         match (self.rng.below(3), src) {
             (0, Some(src)) => {
+                let dev = self.dev(&[x, src]);
+                self.emit(Op::Spin { stream, dev, us });
                 let len = xs.len.min(self.shape(src).len);
                 self.emit(Op::CopyAsync {
                     dst: x,
@@ -1320,25 +1334,23 @@ impl TGen<'_> {
                 })
             }
             (1, _) if xs.kind.memsets() => {
+                let dev = self.dev(&[x]);
+                self.emit(Op::Spin { stream, dev, us });
                 let byte = self.rng.next_u32() as u8;
                 self.emit(Op::Memset {
                     slot: x,
-                    range: Range {
-                        off: 0,
-                        len: xs.len,
-                    },
+                    range: whole,
                     byte,
                     stream: Some(stream),
                 })
             }
             _ => {
+                let dev = self.dev(&[x]);
+                self.emit(Op::Spin { stream, dev, us });
                 let forget = self.rng.chance(20);
                 self.emit(Op::KernelWrite {
                     slot: x,
-                    range: Range {
-                        off: 0,
-                        len: xs.len,
-                    },
+                    range: whole,
                     stream,
                     forget,
                 })
@@ -1376,7 +1388,7 @@ impl TGen<'_> {
                     return self.g_host_read(Some(x));
                 };
                 let len = xs.len.min(self.shape(z).len);
-                if r == 2 {
+                if r == 2 || !guard_compatible(xs, self.shape(z)) {
                     self.emit(Op::CopyAsync {
                         dst: z,
                         src: x,
@@ -1493,6 +1505,118 @@ mod tests {
                 }
                 if let Op::Peer { .. } = op {
                     assert_eq!(p.devices, 2);
+                }
+            }
+        }
+    }
+
+    /// Every generated operation finds what it needs when it runs (the executor skips what
+    /// does not fit, which would waste the operation): live slots of the right kinds, buffers
+    /// that one operation may use together, atomic stores right after a write that covers the
+    /// element (see `g_atomic`).
+    #[test]
+    fn generated_operations_fit_their_slots() {
+        fn check(ops: &[Op], shapes: &mut [Option<Shape>], devices: usize, seed: u64) {
+            let live = |shapes: &[Option<Shape>], s: SlotId| {
+                shapes[s as usize].unwrap_or_else(|| panic!("seed {seed}: s{s} is empty"))
+            };
+            let mut prev: Option<&Op> = None;
+            for op in ops {
+                match op {
+                    Op::Alloc {
+                        slot,
+                        kind,
+                        dev,
+                        len,
+                        ..
+                    } => {
+                        assert!((*dev as usize) < devices && len % 4 == 0 && *len > 0);
+                        shapes[*slot as usize] = Some(Shape {
+                            kind: *kind,
+                            dev: *dev,
+                            len: *len,
+                        });
+                    }
+                    Op::Free { slot, .. } => {
+                        live(shapes, *slot);
+                        shapes[*slot as usize] = None;
+                    }
+                    Op::HostRead { slot, .. }
+                    | Op::HostWrite { slot, .. }
+                    | Op::Xor { slot, .. }
+                    | Op::Scope { slot, .. }
+                    | Op::KernelWrite { slot, .. } => {
+                        live(shapes, *slot);
+                    }
+                    Op::CopyWithin { slot, .. } | Op::SplitWrite { slot, .. } => {
+                        assert!(live(shapes, *slot).len >= 8);
+                    }
+                    Op::CopyAsync { dst, src, .. } | Op::CopySync { dst, src, .. } => {
+                        assert_ne!(dst, src);
+                        assert!(compatible(live(shapes, *dst), live(shapes, *src)), "{op}");
+                    }
+                    Op::GuardCopy { dst, src, .. } => {
+                        assert!(
+                            guard_compatible(live(shapes, *dst), live(shapes, *src)),
+                            "seed {seed}: {op}"
+                        );
+                    }
+                    Op::Peer { dst, src, .. } => {
+                        let (d, s) = (live(shapes, *dst), live(shapes, *src));
+                        assert!(d.kind.is_device() && s.kind.is_device() && d.dev != s.dev);
+                    }
+                    Op::Memset { slot, stream, .. } => {
+                        let k = live(shapes, *slot).kind;
+                        assert!(k.memsets() && (stream.is_some() || k.is_device()), "{op}");
+                    }
+                    Op::Atomic { slot, index, value } => {
+                        assert_eq!(live(shapes, *slot).kind, Kind::Mapped);
+                        if value.is_some() {
+                            let covered = match prev {
+                                Some(Op::CopyAsync {
+                                    dst, dst_off, len, ..
+                                }) => *dst == *slot && *dst_off == 0 && index < len,
+                                Some(Op::KernelWrite { slot: s, range, .. }) => {
+                                    s == slot && range.off == 0 && *index < range.len
+                                }
+                                _ => false,
+                            };
+                            assert!(covered, "seed {seed}: {op} after {prev:?}");
+                        }
+                    }
+                    Op::Prefetch { slot, .. } => {
+                        assert_eq!(live(shapes, *slot).kind, Kind::Managed);
+                    }
+                    Op::Spin { dev, .. } | Op::Sync { dev, .. } => {
+                        assert!((*dev as usize) < devices);
+                    }
+                    Op::HoldRead {
+                        slot, body, into, ..
+                    } => {
+                        let h = live(shapes, *slot);
+                        check(body, shapes, devices, seed);
+                        if let Some(x) = into {
+                            assert_ne!(x, slot);
+                            assert!(guard_compatible(h, live(shapes, *x)), "{op}");
+                        }
+                    }
+                    Op::FailRecords { .. } | Op::OverAligned { .. } => {}
+                }
+                prev = Some(op);
+            }
+        }
+        for seed in 0..300u64 {
+            let cfg = GenConfig {
+                ops: 200,
+                max_threads: 1 + seed as usize % 8,
+                devices: 1 + seed as usize % 2,
+            };
+            let p = generate(seed, &cfg);
+            let mut shapes = vec![None; p.slots];
+            for phase in &p.phases {
+                // Threads own disjoint slots: their effects do not interfere.
+                for ops in &phase.threads {
+                    check(ops, &mut shapes, cfg.devices, seed);
                 }
             }
         }
