@@ -514,10 +514,19 @@ impl TGen<'_> {
         }
     }
 
+    /// A new buffer; in place of a live one, often of the same kind and size (the allocator
+    /// likely hands back the memory just dropped).
     fn g_alloc(&mut self) -> Option<()> {
         let s = self.free_slot(&[])?;
-        let kind = self.kind();
-        self.alloc(s, kind, None, None);
+        match self.shapes[s as usize] {
+            Some(old) if self.rng.chance(50) => {
+                self.alloc(s, old.kind, Some(old.len), Some(old.dev))
+            }
+            _ => {
+                let kind = self.kind();
+                self.alloc(s, kind, None, None);
+            }
+        }
         Some(())
     }
 
