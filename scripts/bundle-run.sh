@@ -9,6 +9,10 @@
 #                       # checking; skips the deliberate-fault and exit-time child tests.
 #                       # CUDA API errors are not reported: the suite provokes them on purpose
 #                       # (out of memory, double registration) and checks them itself.
+#
+# tests/tests-random (the randomized model test) runs its small default here (20 programs of
+# 100 operations; 5 under --memcheck); the big run is selected by its environment, e.g.
+#   CUDA_MEM_RANDOM_PROGRAMS=1000 CUDA_MEM_RANDOM_OPS=200 tests/tests-random --nocapture
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # A bundle built against a toolkit without libcudart_static.a carries libcudart.so.N here.
@@ -50,10 +54,11 @@ for exe in "$here"/tests/*; do
   [ -x "$exe" ] || continue
   if [ $memcheck = 1 ]; then
     case "$(basename "$exe")" in
-      tests-all | cuda-mem-sys-smoke) ;;
+      tests-all | tests-random | cuda-mem-sys-smoke) ;;
       *) continue ;;  # no GPU code (unit tests), or the CLI's bench as child processes
     esac
     CUDA_MEM_LEAK_CYCLES="${CUDA_MEM_LEAK_CYCLES:-1000}" CUDA_MEM_STRESS_SECS=3 \
+      CUDA_MEM_RANDOM_PROGRAMS="${CUDA_MEM_RANDOM_PROGRAMS:-5}" \
       run_tests "$exe" --skip faults:: --skip multi_gpu::
   else
     run_tests "$exe"
