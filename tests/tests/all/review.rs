@@ -238,26 +238,29 @@ fn review_read_only_child() {
     let data = pattern(n, 105);
     let src = DeviceBuffer::from_slice(&data).unwrap();
     let mut v = vec![0u32; n];
-    let mut reg = RegisteredSlice::register(&mut v, HostRegisterFlags::READ_ONLY).unwrap();
-    let r = match how.as_str() {
-        "sync" => copy(reg.as_mut_slice().unwrap(), &src),
-        _ => {
-            let s = Stream::non_blocking().unwrap();
-            let slice = reg.as_mut_slice().unwrap();
-            cuda_mem::scope(|sc| {
-                let mut b = sc.borrow_mut(slice);
-                copy_async(&mut b, &src, &s)
-            })
+    RegisteredSlice::register(&mut v, HostRegisterFlags::READ_ONLY, |reg| {
+        let r = match how.as_str() {
+            "sync" => copy(reg.as_mut_slice().unwrap(), &src),
+            _ => {
+                let s = Stream::non_blocking().unwrap();
+                let slice = reg.as_mut_slice().unwrap();
+                cuda_mem::scope(|sc| {
+                    let mut b = sc.borrow_mut(slice);
+                    copy_async(&mut b, &src, &s)
+                })
+            }
+        };
+        println!("{}", outcome("COPY", &r));
+        println!(
+            "HEALTH={}",
+            context_is_healthy().map_or_else(|e| format!("err {e}"), |()| "ok".into())
+        );
+        if r.is_ok() {
+            println!("DATA={}", reg.as_slice().unwrap() == &data[..]);
         }
-    };
-    println!("{}", outcome("COPY", &r));
-    println!(
-        "HEALTH={}",
-        context_is_healthy().map_or_else(|e| format!("err {e}"), |()| "ok".into())
-    );
-    if r.is_ok() {
-        println!("DATA={}", reg.as_slice().unwrap() == &data[..]);
-    }
+        Ok(())
+    })
+    .unwrap();
     println!("CHILD-DONE");
 }
 

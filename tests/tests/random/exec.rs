@@ -45,8 +45,7 @@ impl<T> OrFail<T> for cuda_mem::Result<T> {
 /// The one per-thread stream operation of the executor: the calling thread's per-thread
 /// default stream on the current device.
 fn per_thread_stream() -> cuda_mem::Result<Stream> {
-    // TODO(per_thread): `Stream::per_thread()` once cuda-mem has it; a new stream until then.
-    Stream::new()
+    Stream::per_thread()
 }
 
 /// Bytes of spare capacity after every registered `Vec`'s elements: `cudaHostRegister` pins
