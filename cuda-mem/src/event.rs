@@ -165,12 +165,16 @@ impl Event {
     /// Makes later work on `stream` wait until this event completes (`cudaStreamWaitEvent`),
     /// without blocking the host. The stream may belong to another device.
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
+        // Another thread's per-thread default stream cannot be named here.
+        stream.inner().check_current("Event::wait_on")?;
         self.wait_on_inner(stream.inner())
     }
 
+    /// [`wait_on`](Self::wait_on) for the fence: another thread's per-thread default stream
+    /// is named by its device's legacy stream (`StreamInner::raw`), where the crate's own
+    /// work for it goes too (a pooled buffer's free, dropped on another thread), so that this
+    /// wait orders that work.
     pub(crate) fn wait_on_inner(&self, stream: &StreamInner) -> Result<()> {
-        // Another thread's per-thread default stream cannot be named here.
-        stream.check_current("Event::wait_on")?;
         let _g = stream.enter()?;
         // SAFETY: both handles are live; a null stream is the legacy stream of its device,
         // made current above.

@@ -618,8 +618,9 @@ pub(crate) fn alloc_with(
     op: &'static str,
     raw_alloc: impl Fn() -> Result<*mut c_void>,
 ) -> Result<(NonNull<c_void>, Pooled, Fence)> {
-    stream.inner().check_current(op)?;
+    // The stream's device current first: a legacy stream of another device is accepted.
     let _g = stream.inner().enter()?;
+    stream.inner().check_current(op)?;
     let raw = match raw_alloc() {
         Err(e) if e.is_out_of_memory() => {
             let _ = pool.trim(0);
