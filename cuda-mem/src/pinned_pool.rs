@@ -1,10 +1,10 @@
 //! A caching pool of pinned host memory: [`PinnedPool`].
 //!
-//! Pinning is expensive (`cudaHostAlloc`: microseconds for a page, 135 ms for 256 MiB on an
-//! H200 host) and freeing it too, so code that needs pinned buffers over and over (staging,
-//! per-batch uploads) should not call the driver each time. The pool keeps freed blocks in
-//! size classes and hands them out again; a cached allocation and its free cost a few hundred
-//! nanoseconds.
+//! Pinning is expensive (`cudaHostAlloc` locks every page: milliseconds per hundred MiB) and
+//! freeing it too, so code that needs pinned buffers over and over (staging, per-batch
+//! uploads) should not call the driver each time. The pool keeps freed blocks in size classes
+//! and hands them out again; a cached allocation and its free skip `cudaHostAlloc` and
+//! `cudaFreeHost` (measured figures: `docs/results/` in the repository).
 //!
 //! # Rules
 //!

@@ -1,9 +1,9 @@
 //! How pinned host memory is made: `cudaHostAlloc`, or fast cold pinning by mapping memory,
 //! faulting its pages in with several threads and registering it (`cudaHostRegister`).
 //!
-//! `cudaHostAlloc` faults and locks every page of a new allocation on the calling thread:
-//! about 135 ms for 256 MiB on an H200 host, 0.5 s for 1 GiB. Most of that is the kernel
-//! zeroing and mapping pages one fault at a time, which parallelizes; registering memory
+//! `cudaHostAlloc` faults and locks every page of a new allocation on the calling thread
+//! (the measured cost, and what this saves: `docs/results/` in the repository). Most of that
+//! is the kernel zeroing and mapping pages one fault at a time, which parallelizes; registering memory
 //! whose pages are already present is much cheaper. [`PinStrategy::MapRegister`] does that:
 //! `mmap` (2 MiB aligned, optionally asking for transparent huge pages), the pages populated
 //! by [`threads`](PinStrategy::MapRegister::threads) threads at once (one write per page),
@@ -47,9 +47,8 @@ pub enum PinStrategy {
 }
 
 /// Threads that populate pages under [`PinStrategy::Auto`]: as many as the host has cores,
-/// up to 16. On the H200 host (16 cores) pinning 256 MiB with huge pages took 18.5 ms on 4
-/// threads, 13.7 on 8, 11.5 on 12 and 10.6 on 16 (`cudaHostAlloc`: 88 ms); see
-/// `docs/results/`.
+/// up to 16. On the 16-core H200 host each step up to 16 threads pinned faster; the figures
+/// are in `docs/results/` (section "Measured design choices").
 pub fn default_pin_threads() -> usize {
     std::thread::available_parallelism()
         .map_or(4, |n| n.get())
@@ -312,9 +311,8 @@ fn register(p: *mut u8, len: usize, reg: u32) -> Result<()> {
     })
 }
 
-/// How pages are faulted in: 0 one write per page (the default: on the H200 host, 16 threads
-/// populated 256 MiB of huge pages in 4.9 ms this way, against 38 ms with
-/// `madvise(MADV_POPULATE_WRITE)` and 85 ms with `MAP_POPULATE`), 1
+/// How pages are faulted in: 0 one write per page (the default: on the H200 host, by far the
+/// fastest of the three; figures in `docs/results/`), 1
 /// `madvise(MADV_POPULATE_WRITE)` (falling back to writes), 2 `MAP_POPULATE` when mapping
 /// (one thread, in the kernel). Set by `measure::set_populate_mode` to compare them.
 pub(crate) static POPULATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);

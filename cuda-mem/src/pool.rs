@@ -6,7 +6,8 @@
 //! memory *in stream order*: the allocation is valid from the point the stream reaches it, and
 //! a free queued on a stream returns the memory to the pool when the stream reaches the free.
 //! Neither call blocks the host or the device, and with the pool's release threshold at its
-//! maximum the pool keeps what it has reserved, so that a pair costs about a microsecond.
+//! maximum the pool keeps what it has reserved, so that a pair costs about what the raw pool
+//! calls cost (measured in `docs/results/`).
 //!
 //! Pooled buffers are ordinary [`DeviceBuffer`](crate::DeviceBuffer)s and
 //! [`PinnedBuffer`](crate::PinnedBuffer)s, usable wherever those are. Each remembers the pool
@@ -123,7 +124,7 @@ impl Drop for PoolInner {
 /// let pool = MemPool::new(Device::get(0)?)?;  // release threshold: keep everything
 /// let stream = Stream::non_blocking()?;
 /// pool.reserve(64 << 20, &stream)?;             // pre-grow to 64 MiB
-/// let mut buf = DeviceBuffer::<f32>::from_pool(&pool, 1 << 20, &stream)?; // ~1 µs
+/// let mut buf = DeviceBuffer::<f32>::from_pool(&pool, 1 << 20, &stream)?; // no cudaMalloc
 /// buf.memset_async(0, &stream)?;
 /// drop(buf);                                    // cudaFreeAsync on `stream`: no wait
 /// println!("{}", pool.stats()?);

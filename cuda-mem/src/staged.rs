@@ -2,9 +2,9 @@
 //! [`copy_staged`].
 //!
 //! The driver copies pageable memory through a small pinned buffer of its own, one chunk at a
-//! time, on one CPU thread: 7–8 GB/s host to device and 11–15 GB/s back on an H200 host,
-//! against 55 GB/s from pinned memory. The bound of a staged copy is host memory bandwidth
-//! (about 38–40 GB/s for memcpy on all 16 cores there), not the link. A [`Stager`] keeps a
+//! time, on one CPU thread: a fraction of the speed of a copy from pinned memory. The bound of
+//! a staged copy is host memory bandwidth (memcpy on all cores), not the link (measured
+//! figures: `docs/results/` in the repository). A [`Stager`] keeps a
 //! set of worker threads alive between copies; each copy is cut into chunks, and each worker
 //! runs its own pipeline over its share: it copies a chunk of the source into one of its
 //! pinned staging buffers (from a [`PinnedPool`], so cached across copies) while the copy
@@ -61,15 +61,13 @@ pub struct StagingConfig {
 }
 
 impl Default for StagingConfig {
-    /// The values chosen from the H200 measurements (see the README's section on staged
-    /// copies): as many workers as the host has cores (the H200 host has 16; more threads
-    /// were faster at every size, with 8 both directions lose a quarter); about four chunks
-    /// per worker, between 256 KiB and 4 MiB (at 64 MiB, 1 MiB chunks beat 256 KiB and 4 MiB
-    /// ones; past 256 MiB the size matters little); two staging buffers per worker; staged
-    /// from 4 MiB up (on the 32-core two-GPU host, device-to-host copies of 2 and 3 MiB ran at
-    /// 0.75-1.1 of the driver over four runs, while from 4 MiB both directions gained on both
-    /// hosts; at 1 MiB the gain was within the run-to-run spread, at 512 KiB and below the
-    /// driver's single call is faster); non-temporal stores on.
+    /// The values chosen from the H200 measurements (`docs/guide.md`, "Staged pageable
+    /// copies"; the figures: `docs/results/`, "Measured design choices"): as many workers as
+    /// the host has cores (more threads were faster at every size); about four chunks per
+    /// worker, between 256 KiB and 4 MiB; two staging buffers per worker; staged from 4 MiB
+    /// up (below, the driver's single call was as fast or faster, or the gain within the
+    /// run-to-run spread; from 4 MiB both directions gained on both hosts measured);
+    /// non-temporal stores on.
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
         StagingConfig {

@@ -140,7 +140,39 @@ pub fn run_child(
 
 /// The code blocks of the workspace README, compiled as doctests of this crate (`cargo test
 /// --doc -p cuda-mem-tests`): its dependencies (cuda-mem with the `cudarc` feature, cudarc,
-/// anyhow) are what the snippets use. Not part of any build but the doctests.
+/// anyhow) are what the snippets use. Not part of any build but the doctests. The pages of
+/// `docs/` follow, one item each.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The code blocks of `docs/guide.md`, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/guide.md")]
+pub struct GuideDoctests;
+
+/// The code blocks of `docs/porting.md`, as doctests (its tables' code: `readme::` and
+/// `tests/tests/all/readme_snippets.rs`).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/porting.md")]
+pub struct PortingDoctests;
+
+/// The code blocks of `docs/design.md`, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/design.md")]
+pub struct DesignDoctests;
+
+/// The code blocks of `docs/toolkits.md`, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/toolkits.md")]
+pub struct ToolkitsDoctests;
+
+/// The code blocks of `docs/multi-gpu.md`, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/multi-gpu.md")]
+pub struct MultiGpuDoctests;
+
+/// The code blocks of `docs/results/README.md` (shell only, today), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/results/README.md")]
+pub struct ResultsDoctests;

@@ -1,8 +1,9 @@
-//! The README's porting guide compiles: every piece of code in the cuda-mem column of its
-//! tables appears in `readme_snippets.rs` (compiled with this test binary), outside comments.
-//! (Its fenced code blocks are doctests: `tests/src/lib.rs`.)
+//! The porting guide (`docs/porting.md`, once the README's section) compiles: every piece of
+//! code in the cuda-mem column of its tables appears in `readme_snippets.rs` (compiled with
+//! this test binary), outside comments. (Its fenced code blocks are doctests:
+//! `tests/src/lib.rs`.)
 
-const README: &str = include_str!("../../../README.md");
+const PORTING: &str = include_str!("../../../docs/porting.md");
 const SNIPPETS: &str = include_str!("readme_snippets.rs");
 
 /// Cells that name things in prose rather than being code to compile.
@@ -14,10 +15,10 @@ const PROSE: [&str; 3] = [
 
 /// The code spans of the last column of every table row of the porting guide, unescaped
 /// (`\|` is `|` inside a table).
-fn table_code(readme: &str) -> Vec<String> {
-    let guide = &readme[readme
-        .find("## Porting guide")
-        .expect("the README has a porting guide")..];
+fn table_code(page: &str) -> Vec<String> {
+    let guide = &page[page
+        .find("# Porting guide")
+        .expect("docs/porting.md is the porting guide")..];
     let mut spans = Vec::new();
     for line in guide.lines().filter(|l| l.starts_with('|')) {
         // Cells split on `|` not preceded by a backslash.
@@ -70,7 +71,7 @@ fn squeeze_code(src: &str) -> String {
 
 #[test]
 fn every_porting_guide_table_cell_is_compiled() {
-    let spans = table_code(README);
+    let spans = table_code(PORTING);
     let code: Vec<&String> = spans.iter().filter(|s| is_code(s)).collect();
     assert!(
         code.len() > 150,
@@ -84,7 +85,7 @@ fn every_porting_guide_table_cell_is_compiled() {
         .collect();
     assert!(
         missing.is_empty(),
-        "README porting-guide code not compiled in tests/tests/all/readme_snippets.rs:\n{}",
+        "docs/porting.md table code not compiled in tests/tests/all/readme_snippets.rs:\n{}",
         missing
             .iter()
             .map(|s| format!("  `{s}`"))
@@ -94,7 +95,7 @@ fn every_porting_guide_table_cell_is_compiled() {
     for prose in PROSE {
         assert!(
             spans.iter().any(|s| s == prose),
-            "PROSE entry {prose:?} is no longer in the README"
+            "PROSE entry {prose:?} is no longer in docs/porting.md"
         );
     }
 }

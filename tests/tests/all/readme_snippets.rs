@@ -1,7 +1,7 @@
-//! The code of the README porting guide's tables, compiled: each cell's code appears here, in
-//! a function whose parameters are the names the guide assumes (`h`, `n`, `stream`, `d`, ...).
-//! Never run (the functions are not called); `readme::` checks that every cell of the README
-//! is here. Edit both together.
+//! The code of the porting guide's tables (`docs/porting.md`), compiled: each cell's code
+//! appears here, in a function whose parameters are the names the guide assumes (`h`, `n`,
+//! `stream`, `d`, ...). Never run (the functions are not called); `readme::` checks that every
+//! cell of the guide is here. Edit both together.
 #![allow(dead_code, unused_variables, unused_mut, unused_assignments)]
 
 use std::sync::atomic::Ordering;
