@@ -164,7 +164,7 @@ impl<T: Pod> MappedBuffer<T> {
     /// have no GPU work pending on it.
     pub unsafe fn from_raw(ptr: *mut T, len: usize, flags: HostAllocFlags) -> Result<Self> {
         let op = "MappedBuffer::from_raw";
-        let p = size::raw_parts(ptr, len, op)?;
+        let p = Layout::adopt(ptr, len, op)?;
         if !flags.contains(HostAllocFlags::MAPPED) {
             return Err(Misuse::InvalidFlags {
                 op: "MappedBuffer::from_raw (MAPPED is required)",

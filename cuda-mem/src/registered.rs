@@ -30,6 +30,7 @@ use crate::copy::{sealed, Loc};
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
+use crate::layout::Layout;
 use crate::pinned::host_device_pointer;
 use crate::size::{self, fmt_bytes};
 
@@ -387,7 +388,7 @@ impl<T: Pod> RegisteredVec<T> {
         flags: HostRegisterFlags,
     ) -> Result<Self> {
         let op = "RegisteredVec::from_raw";
-        let p = size::raw_parts(ptr, len, op)?;
+        let p = Layout::adopt(ptr, len, op)?;
         if capacity < len {
             return Err(Misuse::InvalidArgument {
                 op,

@@ -3,7 +3,6 @@
 //! Pure code with no runtime calls, so Miri can run its tests.
 
 use crate::error::{Misuse, Result};
-use crate::layout::Layout;
 
 /// `len * size_of::<T>()`, or [`Misuse::SizeOverflow`]; [`Misuse::ZeroLength`] when `len` is 0
 /// (no CUDA allocator accepts zero bytes usefully) or `T` is zero-sized. Alignment is not
@@ -22,16 +21,6 @@ pub(crate) fn byte_len<T>(len: usize) -> Result<usize> {
     len.checked_mul(elem_size)
         .filter(|&b| b <= isize::MAX as usize)
         .ok_or_else(|| Misuse::SizeOverflow { len, elem_size }.into())
-}
-
-/// Checks the parts of memory allocated elsewhere (`from_raw`): not null, a non-zero length
-/// whose bytes fit, aligned for `T`. The memory contract's check, [`Layout::adopt`].
-pub(crate) fn raw_parts<T>(
-    ptr: *mut T,
-    len: usize,
-    op: &'static str,
-) -> Result<std::ptr::NonNull<T>> {
-    Layout::adopt(ptr, len, op)
 }
 
 /// Checks that a copy's two sides have the same length in elements.
