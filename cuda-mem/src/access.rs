@@ -9,9 +9,9 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use crate::copy::sealed;
 use crate::error::Result;
 use crate::fence::{Access, Use};
+use crate::memory::sealed;
 use crate::stream::Stream;
 
 /// A device address to read, for work queued on one stream while this guard lives.

@@ -8,11 +8,11 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::buffer::impl_buffer;
-use crate::copy::{self, Loc, Memory, MemoryMut};
 use crate::devices::{current_ordinal, Device};
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::layout::Layout;
+use crate::memory::Loc;
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::fmt_bytes;
 use crate::stream::Stream;
@@ -143,7 +143,7 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 
     /// `cudaMalloc`, with `op` naming the public constructor in misuse errors.
-    fn malloc(len: usize, op: &'static str) -> Result<Self> {
+    pub(crate) fn malloc(len: usize, op: &'static str) -> Result<Self> {
         let layout = Layout::<T>::of(len, op)?;
         let bytes = layout.bytes();
         let mut raw = std::ptr::null_mut();
@@ -172,30 +172,6 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(buf)
     }
 
-    /// Allocates a buffer holding a copy of `src` (`cudaMalloc` + `cudaMemcpyHostToDevice`).
-    pub fn from_slice(src: &[T]) -> Result<Self> {
-        let mut buf = Self::malloc(src.len(), "DeviceBuffer::from_slice")?;
-        copy::copy(&mut buf, src)?;
-        Ok(buf)
-    }
-
-    /// Copies the buffer into a new `Vec` (`cudaMemcpyDeviceToHost`).
-    pub fn to_vec(&self) -> Result<Vec<T>> {
-        let mut out = vec![T::zeroed(); self.len];
-        copy::copy(&mut out, self)?;
-        Ok(out)
-    }
-
-    /// Copies `src` into this buffer; lengths must match.
-    pub fn copy_from<S: Memory<T> + ?Sized>(&mut self, src: &S) -> Result<()> {
-        copy::copy(self, src)
-    }
-
-    /// Copies this buffer into `dst`; lengths must match.
-    pub fn copy_to<D: MemoryMut<T> + ?Sized>(&self, dst: &mut D) -> Result<()> {
-        copy::copy(dst, self)
-    }
-
     /// Sets every byte to `byte` (`cudaMemset`).
     ///
     /// Like the C++ call, this may return before the fill is done (the runtime queues it on
@@ -216,11 +192,6 @@ impl<T: Pod> DeviceBuffer<T> {
         check(code, || {
             format!("cudaMemset({p:p}, {byte}, {})", fmt_bytes(bytes))
         })
-    }
-
-    /// Queues a byte fill on `stream` (`cudaMemsetAsync`); the buffer records the stream.
-    pub fn memset_async(&mut self, byte: u8, stream: &Stream) -> Result<()> {
-        crate::copy::memset_async(self, byte, stream)
     }
 
     /// The device ordinal the memory lives on.

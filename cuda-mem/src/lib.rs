@@ -61,6 +61,7 @@ mod managed;
 mod mapped;
 #[cfg(feature = "measure")]
 pub mod measure;
+mod memory;
 mod peer;
 mod pinned;
 mod pinned_pool;
@@ -75,15 +76,14 @@ mod staged;
 mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod transfer;
 mod view;
 
 pub use bytemuck::Pod;
 pub use cuda_mem_sys as sys;
 
 pub use access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
-pub use copy::{
-    copy, copy_async, copy_range, copy_range_async, memset_async, AsyncMemory, Memory, MemoryMut,
-};
+pub use copy::{copy_async, copy_range_async, memset_async};
 pub use device::DeviceBuffer;
 pub use devices::{
     driver_version, format_version, runtime_version, Device, DeviceFlags, DeviceGuard,
@@ -91,11 +91,13 @@ pub use devices::{
 };
 pub use error::{check, Error, ErrorCode, Misuse, Result};
 pub use event::{Event, EventFlags};
+pub use flags::HostAllocFlags;
 pub use host::{HostMemory, HostMemoryMut};
 pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
 pub use mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
+pub use memory::{AsyncMemory, Memory, MemoryMut};
 pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};
-pub use pinned::{HostAllocFlags, PinnedBuffer};
+pub use pinned::PinnedBuffer;
 pub use pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedPoolStats};
 pub use pinning::{default_pin_threads, PinStrategy, AUTO_MAP_REGISTER_FROM};
 pub use pointer::{pointer_info, PointerInfo, PointerKind};
@@ -104,4 +106,5 @@ pub use registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
 pub use scope::{scope, Borrowed, BorrowedMut, Scope};
 pub use staged::{copy_staged, set_auto_staging, Stager, StagingConfig};
 pub use stream::Stream;
+pub use transfer::{copy, copy_range};
 pub use view::{Slice, View, ViewMut};

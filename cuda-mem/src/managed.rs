@@ -13,11 +13,11 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::buffer::impl_buffer;
-use crate::copy::Loc;
 use crate::devices::Device;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::layout::Layout;
+use crate::memory::Loc;
 use crate::size::fmt_bytes;
 use crate::stream::{Stream, StreamInner};
 
@@ -188,7 +188,7 @@ impl_buffer!(
     attached
 );
 
-impl<T: Pod> crate::copy::sealed::Host<T> for ManagedBuffer<T> {
+impl<T: Pod> crate::memory::sealed::Host<T> for ManagedBuffer<T> {
     fn check_host(&self) -> Result<()> {
         self.require_concurrent_access()
     }

@@ -16,12 +16,13 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{sealed, Loc};
 use crate::devices::Device;
 use crate::error::{Misuse, Result};
 use crate::fence::{Access, Fence};
+use crate::flags::HostAllocFlags;
 use crate::layout::Layout;
-use crate::pinned::{host_device_pointer, HostAllocFlags, PinnedBuffer};
+use crate::memory::{sealed, Loc};
+use crate::pinned::{host_device_pointer, PinnedBuffer};
 use crate::size;
 
 /// Pinned host memory mapped into the device address space, freed on drop.

@@ -21,14 +21,15 @@ use std::mem::ManuallyDrop;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::sealed::Async;
 use crate::copy::Plan;
 use crate::device::DeviceBuffer;
 use crate::devices::Device;
 use crate::error::{check, Misuse, Result};
 use crate::event::Event;
 use crate::fence::Access;
-use crate::pinned::{HostAllocFlags, PinnedBuffer};
+use crate::flags::HostAllocFlags;
+use crate::memory::sealed::Async;
+use crate::pinned::PinnedBuffer;
 use crate::size::{self, fmt_bytes};
 use crate::stream::Stream;
 

@@ -15,33 +15,16 @@ use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::buffer::impl_buffer;
-use crate::copy::Loc;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::flags::flag_set;
+use crate::flags::HostAllocFlags;
 use crate::layout::Layout;
-use crate::pinned_pool::{BlockOwner, PoolRef};
+use crate::memory::Loc;
+use crate::pinned_pool::{BlockOwner, PinnedPool, PoolRef};
 use crate::pinning::{self, Block, PinStrategy};
 use crate::pool::{self, MemPool, PoolLocation, Pooled};
 use crate::size::fmt_bytes;
 use crate::stream::Stream;
-
-flag_set! {
-    /// Flags of `cudaHostAlloc`, OR-able with `|`.
-    HostAllocFlags {
-        /// `cudaHostAllocDefault`: plain pinned memory.
-        DEFAULT = sys::cudaHostAllocDefault;
-        /// `cudaHostAllocPortable`: pinned for every CUDA context, not only the current one.
-        PORTABLE = sys::cudaHostAllocPortable;
-        /// `cudaHostAllocMapped`: mapped into the device address space (zero-copy); see
-        /// [`MappedBuffer`](crate::MappedBuffer).
-        MAPPED = sys::cudaHostAllocMapped;
-        /// `cudaHostAllocWriteCombined`: write-combined memory. Faster to copy to the device
-        /// on some systems, but **very slow for the CPU to read** (uncached): write it, never
-        /// read it.
-        WRITE_COMBINED = sys::cudaHostAllocWriteCombined;
-    }
-}
 
 /// A typed buffer of pinned host memory, freed on drop: `cudaFreeHost`, or for a buffer from a
 /// host pool ([`from_pool`](Self::from_pool)) `cudaFreeAsync` queued on its stream, which
@@ -100,7 +83,7 @@ impl_buffer!(
 );
 
 // The host address is the buffer's own (page-locked) memory.
-impl<T: Pod> crate::copy::sealed::Host<T> for PinnedBuffer<T> {}
+impl<T: Pod> crate::memory::sealed::Host<T> for PinnedBuffer<T> {}
 
 /// `cudaFreeHost` of an allocation refused by [`Layout::place`].
 fn free_host<U>(p: NonNull<U>) -> Result<()> {
@@ -434,6 +417,47 @@ impl<T: Pod> PinnedBuffer<T> {
         check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
             format!("cudaFreeHost({p:p})")
         })
+    }
+}
+
+/// The pinned pool's buffers: blocks of the allocator (`pinned_pool.rs`), made buffers here.
+impl PinnedPool {
+    /// A pinned buffer of `len` elements with `flags`, from the cache where a free block of
+    /// its size class and flags is ready, else newly made. Its contents are unspecified
+    /// (zeros, or what a previous user of the block left): use
+    /// [`alloc_zeroed`](Self::alloc_zeroed) or [`from_slice`](Self::from_slice) to set them.
+    ///
+    /// The buffer goes back to the pool on drop, without waiting for GPU work that uses it.
+    ///
+    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
+    /// [`Misuse::AlignmentUnsupported`] for an element type aligned to more than 256 bytes;
+    /// out of memory after emptying the cache and one retry, with the pool's statistics.
+    pub fn alloc<T: Pod>(&self, len: usize, flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
+        const OP: &str = "PinnedPool::alloc";
+        let layout = Layout::<T>::of(len, OP)?;
+        let (block, owner) = self.block_for(&layout, flags)?;
+        // SAFETY: the block holds at least `layout.bytes()` initialised bytes (its size class;
+        // see the pinned pool's module docs) and is owned by the buffer from now on;
+        // `from_block` checks the alignment.
+        unsafe { PinnedBuffer::from_block(block, layout, flags, Some(owner)) }
+    }
+
+    /// [`alloc`](Self::alloc), then zero-filled.
+    pub fn alloc_zeroed<T: Pod>(
+        &self,
+        len: usize,
+        flags: HostAllocFlags,
+    ) -> Result<PinnedBuffer<T>> {
+        let mut buf = self.alloc(len, flags)?;
+        buf.as_mut_slice()?.fill(T::zeroed());
+        Ok(buf)
+    }
+
+    /// [`alloc`](Self::alloc), then `src` copied in.
+    pub fn from_slice<T: Pod>(&self, src: &[T], flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
+        let mut buf = self.alloc(src.len(), flags)?;
+        buf.as_mut_slice()?.copy_from_slice(src);
+        Ok(buf)
     }
 }
 

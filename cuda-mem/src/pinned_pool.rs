@@ -37,13 +37,12 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use bytemuck::Pod;
 
 use crate::error::{Error, Misuse, Result};
 use crate::event::Event;
 use crate::fence::{Access, Fence};
+use crate::flags::HostAllocFlags;
 use crate::layout::Layout;
-use crate::pinned::{HostAllocFlags, PinnedBuffer};
 use crate::pinning::{Block, PinStrategy};
 use crate::size::fmt_bytes;
 
@@ -385,56 +384,25 @@ impl PinnedPool {
         thread_shard() % self.shared.shards.len()
     }
 
-    /// A pinned buffer of `len` elements with `flags`, from the cache where a free block of
-    /// its size class and flags is ready, else newly made. Its contents are unspecified
-    /// (zeros, or what a previous user of the block left): use
-    /// [`alloc_zeroed`](Self::alloc_zeroed) or [`from_slice`](Self::from_slice) to set them.
-    ///
-    /// The buffer goes back to the pool on drop, without waiting for GPU work that uses it.
-    ///
-    /// Errors: [`Misuse::ZeroLength`], [`Misuse::SizeOverflow`],
-    /// [`Misuse::AlignmentUnsupported`] for an element type aligned to more than 256 bytes;
-    /// out of memory after emptying the cache and one retry, with the pool's statistics.
-    pub fn alloc<T: Pod>(&self, len: usize, flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
-        const OP: &str = "PinnedPool::alloc";
-        let layout = Layout::<T>::of(len, OP)?;
+    /// A block for `layout` with `flags`, from the cache where a free block of its size
+    /// class and flags is ready, else newly made, with the owner its buffer keeps (this pool
+    /// and the class, to give it back). The allocator's half of
+    /// [`PinnedPool::alloc`](crate::PinnedPool::alloc): the buffer is made where the kind
+    /// lives (`pinned.rs`).
+    pub(crate) fn block_for<T>(
+        &self,
+        layout: &Layout<T>,
+        flags: HostAllocFlags,
+    ) -> Result<(Block, (PoolRef, usize))> {
         let key = Key {
             class: class_of(layout.bytes()).ok_or(Misuse::SizeOverflow {
-                len,
+                len: layout.len(),
                 elem_size: std::mem::size_of::<T>(),
             })?,
             flags: flags.bits(),
         };
         let block = self.take_or_make(key, flags)?;
-        // SAFETY: the block holds `key.class >= layout.bytes()` initialised bytes (see the
-        // module docs) and is owned by the buffer from now on; `from_block` checks the
-        // alignment.
-        unsafe {
-            PinnedBuffer::from_block(
-                block,
-                layout,
-                flags,
-                Some((self.as_ref_for_buffer(), key.class)),
-            )
-        }
-    }
-
-    /// [`alloc`](Self::alloc), then zero-filled.
-    pub fn alloc_zeroed<T: Pod>(
-        &self,
-        len: usize,
-        flags: HostAllocFlags,
-    ) -> Result<PinnedBuffer<T>> {
-        let mut buf = self.alloc(len, flags)?;
-        buf.as_mut_slice()?.fill(T::zeroed());
-        Ok(buf)
-    }
-
-    /// [`alloc`](Self::alloc), then `src` copied in.
-    pub fn from_slice<T: Pod>(&self, src: &[T], flags: HostAllocFlags) -> Result<PinnedBuffer<T>> {
-        let mut buf = self.alloc(src.len(), flags)?;
-        buf.as_mut_slice()?.copy_from_slice(src);
-        Ok(buf)
+        Ok((block, (self.as_ref_for_buffer(), key.class)))
     }
 
     /// A cached block of `key` from this thread's shard, else from another shard (after

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use cuda_mem_sys as sys;
 
 use crate::error::{check, Misuse, Result};
-use crate::pinned::HostAllocFlags;
+use crate::flags::HostAllocFlags;
 use crate::size::fmt_bytes;
 
 /// How to make pinned host memory.

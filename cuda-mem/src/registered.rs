@@ -26,11 +26,11 @@ use std::sync::OnceLock;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{sealed, Loc};
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::flags::flag_set;
 use crate::layout::Layout;
+use crate::memory::{sealed, Loc};
 use crate::pinned::host_device_pointer;
 use crate::size::{self, fmt_bytes};
 

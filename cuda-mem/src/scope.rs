@@ -39,9 +39,9 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use crate::copy::{sealed, Loc};
 use crate::error::Result;
 use crate::fence::{Access, Fence};
+use crate::memory::{sealed, Loc};
 use crate::pinned::host_device_pointer;
 
 /// The handle a [`scope`] closure gets; see the module docs.

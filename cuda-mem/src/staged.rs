@@ -31,11 +31,12 @@ use std::thread::JoinHandle;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{self, sealed, Loc, Memory, MemoryMut, Plan};
+use crate::copy::{self, Plan};
 use crate::devices::current_ordinal;
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::Access;
-use crate::pinned::HostAllocFlags;
+use crate::flags::HostAllocFlags;
+use crate::memory::{sealed, Loc, Memory, MemoryMut};
 use crate::pinned_pool::PinnedPool;
 use crate::size;
 
@@ -448,7 +449,12 @@ where
 {
     match Stager::global() {
         Some(s) => s.copy(dst, src),
-        None => crate::copy(dst, src), // the driver's path (no stager)
+        None => {
+            // The driver's path (no stager).
+            size::same_len(dst.raw_len(), src.raw_len())?;
+            let plan = Plan::new(dst, 0, src, 0, src.raw_len())?;
+            copy::copy_planned(dst, src, plan)
+        }
     }
 }
 

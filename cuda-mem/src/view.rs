@@ -22,9 +22,9 @@
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
-use crate::copy::{sealed, Loc};
 use crate::error::{Misuse, Result};
 use crate::fence::Fence;
+use crate::memory::{sealed, Loc};
 use crate::stream::Stream;
 
 /// A read-only view of elements `start..start + len` of a buffer `M`.

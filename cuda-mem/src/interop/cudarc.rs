@@ -102,10 +102,10 @@ use ::cudarc::driver::{
 use bytemuck::Pod;
 
 use crate::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
-use crate::copy::{sealed, Loc};
 use crate::devices::Device;
 use crate::error::{Error, ErrorCode, Misuse, Result};
 use crate::fence::{Access, Fence};
+use crate::memory::{sealed, Loc};
 use crate::stream::{Stream, StreamInner};
 
 /// A cudarc driver error as this crate's [`Error`]: driver and runtime number the errors they
