@@ -28,6 +28,7 @@ use crate::model::{clamp, clamp2, compare, pattern, splat, split_point, written,
 use crate::program::{
     Init, Kind, Op, OverKind, Owner, Program, Range, ReadHow, SlotId, StreamSel, Via, WriteHow,
 };
+use crate::watch::{self, Doing, Progress, Stage};
 
 type R = Result<(), String>;
 
@@ -358,6 +359,10 @@ struct Cx<'c> {
     shared: &'c BTreeMap<SlotId, Slot>,
     local: &'c Local,
     executed: usize,
+    /// Where the watchdog reads which operation this thread is executing.
+    watch: Option<&'c Mutex<Doing>>,
+    /// Nesting depth of the operation list being executed (0: the thread's own).
+    depth: usize,
 }
 
 impl<'c> Cx<'c> {
@@ -1079,14 +1084,24 @@ impl<'c> Cx<'c> {
         let st = self.stream(stream, dev);
         let g = each!(&h.buf, b => b.device_ptr(st))
             .or_fail(&format!("{} device_ptr (held)", h.kind))?;
+        self.depth += 1;
+        let depth = self.depth;
+        let mut nested = Ok(());
         for (j, op) in body.iter().enumerate() {
-            self.op(op, Some((slot, h))).map_err(|e| {
+            watch::enter_op(self.watch, depth, j);
+            nested = self.op(op, Some((slot, h))).map_err(|e| {
                 format!(
                     "while holding a read guard of s{slot}, nested operation {j} `{}`: {e}",
                     op.to_string().trim()
                 )
-            })?;
+            });
+            if nested.is_err() {
+                break;
+            }
         }
+        watch::leave_list(self.watch, depth);
+        self.depth -= 1;
+        nested?;
         if let Some(x) = into.filter(|&x| x != slot) {
             self.on_dst(x, |_, d| {
                 if guard_dev(&[h, d]) != Some(dev) {
@@ -1324,7 +1339,9 @@ fn run_thread(
     owned: BTreeMap<SlotId, Option<Slot>>,
     shared: &BTreeMap<SlotId, Slot>,
     ops: &[Op],
+    rec: Option<&Mutex<Doing>>,
 ) -> ThreadResult {
+    watch::set(rec, Doing::Setup);
     let local = match Local::new(env) {
         Ok(l) => l,
         Err(e) => return (owned, Err((None, e))),
@@ -1336,14 +1353,18 @@ fn run_thread(
         shared,
         local: &local,
         executed: 0,
+        watch: rec,
+        depth: 0,
     };
     let mut result = Ok(());
     for (i, op) in ops.iter().enumerate() {
+        watch::enter_op(rec, 0, i);
         if let Err(e) = cx.op(op, None) {
             result = Err((Some(i), e));
             break;
         }
     }
+    watch::set(rec, Doing::Finished);
     testing::fail_next_fence_records(0);
     let executed = cx.executed;
     (cx.owned, result.map(|()| executed))
@@ -1356,13 +1377,26 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
-/// Runs `p`; returns the operations executed, or the first failure. Every buffer is dropped
-/// before this returns.
-pub fn run_program(env: &Env, p: &Program) -> Result<usize, Failure> {
+/// Runs `p`, noting in `progress` where it is (for the watchdog: see `watch`); returns the
+/// operations executed, or the first failure. Every buffer is dropped before this returns.
+pub fn run_program(env: &Env, p: &Program, progress: &Progress) -> Result<usize, Failure> {
     let mut slots: Vec<Option<Slot>> = (0..p.slots).map(|_| None).collect();
+    let r = run_phases(env, p, progress, &mut slots);
+    progress.stage(Stage::Dropping);
+    drop(slots);
+    r
+}
+
+fn run_phases(
+    env: &Env,
+    p: &Program,
+    progress: &Progress,
+    slots: &mut [Option<Slot>],
+) -> Result<usize, Failure> {
     let threads = p.threads.max(1);
     let mut executed = 0;
     for (pi, phase) in p.phases.iter().enumerate() {
+        progress.stage(Stage::Phase(pi));
         let mut owned: Vec<BTreeMap<SlotId, Option<Slot>>> =
             (0..threads).map(|_| BTreeMap::new()).collect();
         let mut shared = BTreeMap::new();
@@ -1387,7 +1421,8 @@ pub fn run_program(env: &Env, p: &Program) -> Result<usize, Failure> {
                 .map(|(t, own)| {
                     let ops = phase.threads.get(t).unwrap_or(&no_ops);
                     let shared = &shared;
-                    sc.spawn(move || run_thread(env, t, own, shared, ops))
+                    let rec = progress.thread(t);
+                    sc.spawn(move || run_thread(env, t, own, shared, ops, rec))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join()).collect()
@@ -1433,6 +1468,7 @@ pub fn run_program(env: &Env, p: &Program) -> Result<usize, Failure> {
     let last = p.phases.len().saturating_sub(1);
     for (i, s) in slots.iter().enumerate() {
         let Some(s) = s else { continue };
+        progress.stage(Stage::FinalCheck(i));
         let check = || -> R {
             let _g = env.devs[s.dev].dev.guard().or_fail("Device::guard")?;
             let what = format!("final state of s{i} ({})", s.kind);

@@ -64,12 +64,16 @@
 //! | `CUDA_MEM_RANDOM_SHRINK` | 1 | shrink the first failing program (0: print it whole) |
 //! | `CUDA_MEM_RANDOM_SHRINK_SECS` | 180 | time limit of shrinking |
 //! | `CUDA_MEM_RANDOM_SHRINK_RUNS` | 3 | runs per candidate (it fails if any run fails) |
-//! | `CUDA_MEM_RANDOM_PRINT` | 0 | print every program before running it |
+//! | `CUDA_MEM_RANDOM_PRINT` | 0 | print every program before running it, and a line after it |
+//! | `CUDA_MEM_RANDOM_PROGRAM_SECS` | 30 | time limit of one program run (shrink candidates too) |
 //!
 //! The big run: `CUDA_MEM_RANDOM_PROGRAMS=1000 CUDA_MEM_RANDOM_OPS=200 <this test executable>
 //! --nocapture` (in a bundle: `tests/tests-random`). It ends with `random: N programs, M ops,
 //! K mismatches (seed ...)`; a failure prints its seed, the line that replays it, and the
-//! shrunk program.
+//! shrunk program. Every tenth program prints a progress line (`random: program k/N seed ...
+//! ok in X ms`). A program still running at its time limit is a hang: the watchdog (see
+//! `watch`) writes its seed, the replay line and the operation every thread is executing to
+//! stderr and aborts the process.
 
 mod exec;
 mod gen;
@@ -77,6 +81,7 @@ mod model;
 mod program;
 mod rng;
 mod shrink;
+mod watch;
 
 use std::time::{Duration, Instant};
 
@@ -109,6 +114,7 @@ struct Config {
     shrink_secs: u64,
     shrink_runs: usize,
     print: bool,
+    program_secs: u64,
 }
 
 impl Config {
@@ -128,6 +134,7 @@ impl Config {
             shrink_secs: env_u64("CUDA_MEM_RANDOM_SHRINK_SECS").unwrap_or(180),
             shrink_runs: (env_u64("CUDA_MEM_RANDOM_SHRINK_RUNS").unwrap_or(3) as usize).max(1),
             print: env_u64("CUDA_MEM_RANDOM_PRINT").unwrap_or(0) != 0,
+            program_secs: env_u64("CUDA_MEM_RANDOM_PROGRAM_SECS").unwrap_or(30).max(1),
         }
     }
 
@@ -139,6 +146,27 @@ impl Config {
             self.ops, self.threads
         )
     }
+}
+
+/// Runs `p` under the watchdog (see `watch`): a run past the time limit aborts the process.
+/// `candidate`: `p` is a shrink candidate (the hang report prints it whole).
+fn run_watched(
+    env: &exec::Env,
+    cfg: &Config,
+    devices: usize,
+    p: &program::Program,
+    candidate: bool,
+) -> Result<usize, exec::Failure> {
+    let progress = watch::Progress::new(p.threads);
+    let replay = cfg.replay(p.seed, devices);
+    watch::watched(
+        p,
+        &progress,
+        &replay,
+        Duration::from_secs(cfg.program_secs),
+        candidate,
+        || exec::run_program(env, p, &progress),
+    )
 }
 
 /// The randomized model test on the GPU (see the module docs).
@@ -181,7 +209,17 @@ fn random_programs() {
         }
         programs += 1;
         ops += p.count();
-        if let Err(f) = exec::run_program(&env, &p) {
+        let t0 = Instant::now();
+        let r = run_watched(&env, &cfg, devices, &p, false);
+        if r.is_ok() && (cfg.print || (i + 1) % 10 == 0) {
+            println!(
+                "random: program {}/{} seed {seed:#x} ok in {} ms",
+                i + 1,
+                seeds.len(),
+                t0.elapsed().as_millis()
+            );
+        }
+        if let Err(f) = r {
             println!("random: program {i} (seed {seed:#x}) FAILED: {f}");
             println!("random: replay with {}", cfg.replay(seed, devices));
             if failed.is_empty() && cfg.shrink {
@@ -192,7 +230,7 @@ fn random_programs() {
                 };
                 let t = Instant::now();
                 let s = shrink::shrink(&p, budget, &mut |c| {
-                    exec::run_program(&env, c)
+                    run_watched(&env, &cfg, devices, c, true)
                         .map(|_| ())
                         .map_err(|f| f.to_string())
                 });
@@ -264,6 +302,7 @@ mod config_tests {
             shrink_secs: 1,
             shrink_runs: 1,
             print: false,
+            program_secs: 30,
         };
         let line = cfg.replay(0xab, 2);
         for want in [
