@@ -37,7 +37,6 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-
 use crate::error::{Error, Misuse, Result};
 use crate::event::Event;
 use crate::fence::{Access, Fence};

@@ -66,6 +66,8 @@
 //! | `CUDA_MEM_RANDOM_SHRINK_RUNS` | 3 | runs per candidate (it fails if any run fails) |
 //! | `CUDA_MEM_RANDOM_PRINT` | 0 | print every program before running it, and a line after it |
 //! | `CUDA_MEM_RANDOM_PROGRAM_SECS` | 30 | time limit of one program run (shrink candidates too) |
+//! | `CUDA_MEM_RANDOM_TIME_SECS` | | start no program after this many seconds |
+//! | `CUDA_MEM_RANDOM_FIRST_FAILURE` | 0 | stop at the first failing program |
 //!
 //! The big run: `CUDA_MEM_RANDOM_PROGRAMS=1000 CUDA_MEM_RANDOM_OPS=200 <this test executable>
 //! --nocapture` (in a bundle: `tests/tests-random`). It ends with `random: N programs, M ops,
@@ -115,6 +117,10 @@ struct Config {
     shrink_runs: usize,
     print: bool,
     program_secs: u64,
+    /// Start no program after this many seconds (the run then reports what it ran).
+    time_secs: Option<u64>,
+    /// Stop at the first failing program (for runs that only ask whether anything fails).
+    first_failure: bool,
 }
 
 impl Config {
@@ -135,6 +141,8 @@ impl Config {
             shrink_runs: (env_u64("CUDA_MEM_RANDOM_SHRINK_RUNS").unwrap_or(3) as usize).max(1),
             print: env_u64("CUDA_MEM_RANDOM_PRINT").unwrap_or(0) != 0,
             program_secs: env_u64("CUDA_MEM_RANDOM_PROGRAM_SECS").unwrap_or(30).max(1),
+            time_secs: env_u64("CUDA_MEM_RANDOM_TIME_SECS"),
+            first_failure: env_u64("CUDA_MEM_RANDOM_FIRST_FAILURE").unwrap_or(0) != 0,
         }
     }
 
@@ -203,6 +211,15 @@ fn random_programs() {
     let (mut programs, mut ops) = (0usize, 0usize);
     let mut failed: Vec<(u64, String)> = Vec::new();
     for (i, &seed) in seeds.iter().enumerate() {
+        if let Some(limit) = cfg.time_secs {
+            if start.elapsed() >= Duration::from_secs(limit) {
+                println!(
+                    "random: time budget of {limit} s reached: {programs} of {} programs run",
+                    seeds.len()
+                );
+                break;
+            }
+        }
         let p = gen::generate(seed, &gen_cfg);
         if cfg.print {
             println!("{p}");
@@ -255,7 +272,7 @@ fn random_programs() {
                     break;
                 }
             }
-            if failed.len() >= 5 {
+            if failed.len() >= 5 || cfg.first_failure {
                 println!("random: stopping after {} failing programs", failed.len());
                 break;
             }
@@ -303,6 +320,8 @@ mod config_tests {
             shrink_runs: 1,
             print: false,
             program_secs: 30,
+            time_secs: None,
+            first_failure: false,
         };
         let line = cfg.replay(0xab, 2);
         for want in [
