@@ -242,13 +242,16 @@ impl Stream {
     /// It is this thread's stream: work queued on it from another thread is refused
     /// ([`Misuse::InvalidArgument`]). Buffers that used it may be waited for, dropped and freed
     /// from any thread: the crate then names the stream through the legacy default stream of
-    /// its device, which waits for every blocking stream's earlier work.
+    /// its device, which waits for every blocking stream's earlier work. A thread that took
+    /// its per-thread stream here drains it when it exits (threads exiting with work queued
+    /// there hung in the runtime on the H200).
     pub fn per_thread() -> Result<Self> {
         Ok(Self::per_thread_on(Device::current()?.ordinal()))
     }
 
     /// The calling thread's per-thread default stream of device `device`.
     fn per_thread_on(device: i32) -> Self {
+        DrainAtExit::note(device);
         Stream {
             inner: Arc::new(StreamInner {
                 raw: PER_THREAD_HANDLE as sys::cudaStream_t,
@@ -362,6 +365,49 @@ impl Stream {
         // lifetime, and a `&Stream` allows nothing a `&Arc<StreamInner>` does not (dropping
         // needs ownership).
         unsafe { &*(inner as *const Arc<StreamInner>).cast::<Stream>() }
+    }
+}
+
+/// The devices (the first 64) whose per-thread default stream this thread took through
+/// [`Stream::per_thread`] (or `from_raw(cudaStreamPerThread, ..)`): drained when the thread
+/// exits, before the runtime's own thread-exit handling runs. On the H200 (driver 580), two
+/// threads that exited at once with work still queued on their per-thread streams hung in
+/// that handling (the randomized model test, `tests/tests/random`); threads that had
+/// synchronized their per-thread streams first did not. Rust's thread-local destructors run
+/// before those of the C runtime's thread-specific data, where the CUDA runtime keeps its
+/// per-thread state.
+struct DrainAtExit(std::cell::Cell<u64>);
+
+thread_local! {
+    static DRAIN_AT_EXIT: DrainAtExit = const { DrainAtExit(std::cell::Cell::new(0)) };
+}
+
+impl DrainAtExit {
+    /// Notes that this thread uses its per-thread stream of `device`.
+    fn note(device: i32) {
+        if let Ok(d) = u32::try_from(device) {
+            if d < 64 {
+                // (Fails only while the thread is exiting: then it drains what it noted.)
+                let _ = DRAIN_AT_EXIT.try_with(|m| m.0.set(m.0.get() | 1 << d));
+            }
+        }
+    }
+}
+
+impl Drop for DrainAtExit {
+    fn drop(&mut self) {
+        let mask = self.0.get();
+        for d in (0..64).filter(|d| mask & 1 << d != 0) {
+            // Errors are ignored (drop never panics): at process exit the runtime may be
+            // unloading already, and then there is nothing left to drain.
+            // SAFETY: plain runtime calls with a device ordinal this thread used and the
+            // per-thread stream's handle, on this (still running) thread.
+            unsafe {
+                if sys::cudaSetDevice(d) == sys::cudaError::cudaSuccess {
+                    sys::cudaStreamSynchronize(PER_THREAD_HANDLE as sys::cudaStream_t);
+                }
+            }
+        }
     }
 }
 
