@@ -27,6 +27,9 @@ export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
 export RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings"
 
 cargo fmt --all -- --check
+# cuda-mem's modules should form layers, without import cycles; reported, not yet enforced
+# (issue 20: cycles remain).
+python3 scripts/check-layers.py || echo "check-layers: import cycles remain (issue 20), not yet enforced"
 # cuda-mem alone, with its default features: free of cudarc (the tests crate turns the `cudarc`
 # feature on for every workspace build below, so that the interop tests and the cudarc_kernel
 # example are built and checked on every toolkit), and clean without it.
@@ -59,14 +62,11 @@ if ! cargo +nightly miri --version >/dev/null 2>&1 && command -v rustup >/dev/nu
 fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
   echo "== Miri (code that needs no GPU)"
-  # The unit tests that make no runtime call: size arithmetic, flags, error formatting, copy
-  # planning, the fence bookkeeping over a counting backend. (Miri cannot call into cudart.)
-  cargo +nightly miri test -p cuda-mem --lib -- \
-    size:: layout:: error::tests copy::tests managed::tests pinned::tests kernel::tests fence:: \
-    pinned_pool::tests staged::tests::chunks_scale pinning::tests::shares \
-    pinning::tests::auto pool::tests
-  # A pooled buffer's whole bookkeeping (handles, fence, free ordering) on stand-in handles.
-  cargo +nightly miri test -p cuda-mem --features measure --lib -- measure::
+  # Every unit test of cuda-mem, with the features that compile them all (`measure`: a pooled
+  # buffer's whole bookkeeping on stand-in handles; `testing`: the seams' fields). None makes
+  # a runtime call (the GPU tests live in the tests crate); the few that do what Miri cannot
+  # (an mmap it does not model, inline asm) say so with `#[cfg_attr(miri, ignore = "...")]`.
+  cargo +nightly miri test -p cuda-mem --lib --features testing,measure
 else
   echo "SKIP Miri: the nightly toolchain with the miri component is not installed" \
        "(rustup toolchain install nightly --component miri)"

@@ -490,6 +490,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "mmap with MAP_NORESERVE and munmap of a part: Miri supports neither"
+    )]
     fn populate_faults_every_page_of_an_aligned_mapping() {
         // No CUDA here: map, populate with several threads, check the contents, unmap.
         let len = 3 * MAP_ALIGN;
