@@ -1393,6 +1393,40 @@ fn run_phases(
     progress: &Progress,
     slots: &mut [Option<Slot>],
 ) -> Result<usize, Failure> {
+    // Phase threads stay alive, parked, until the program's final checks are done: a thread
+    // that exits drains its per-thread default stream (cuda-mem does so for threads that used
+    // it), which would complete every hand-off of that stream to the next phase before it is
+    // made, and hide a missing order. `release` lets them go.
+    let release = (Mutex::new(false), std::sync::Condvar::new());
+    let park = |release: &(Mutex<bool>, std::sync::Condvar)| {
+        let (lock, cv) = release;
+        let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
+        while !*done {
+            done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    };
+    let let_go = |release: &(Mutex<bool>, std::sync::Condvar)| {
+        *release.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        release.1.notify_all();
+    };
+    std::thread::scope(|sc| {
+        let r = run_phases_parked(env, p, progress, slots, sc, &release, &park);
+        let_go(&release);
+        r
+    })
+}
+
+/// The phases of [`run_phases`], on threads of the scope `sc` that park on `release` (with
+/// `park`) once their work is handed back.
+fn run_phases_parked<'scope, 'env: 'scope>(
+    env: &'env Env,
+    p: &'env Program,
+    progress: &'env Progress,
+    slots: &mut [Option<Slot>],
+    sc: &'scope std::thread::Scope<'scope, 'env>,
+    release: &'env (Mutex<bool>, std::sync::Condvar),
+    park: &'env (impl Fn(&(Mutex<bool>, std::sync::Condvar)) + Sync),
+) -> Result<usize, Failure> {
     let threads = p.threads.max(1);
     let mut executed = 0;
     for (pi, phase) in p.phases.iter().enumerate() {
@@ -1413,22 +1447,31 @@ fn run_phases(
                 }
             }
         }
-        let no_ops = Vec::new();
-        let results: Vec<std::thread::Result<ThreadResult>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = owned
-                .into_iter()
-                .enumerate()
-                .map(|(t, own)| {
-                    let ops = phase.threads.get(t).unwrap_or(&no_ops);
-                    let shared = &shared;
-                    let rec = progress.thread(t);
-                    sc.spawn(move || run_thread(env, t, own, shared, ops, rec))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join()).collect()
-        });
+        let shared = Arc::new(shared);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (t, own) in owned.into_iter().enumerate() {
+            let ops: &'env [Op] = phase.threads.get(t).map_or(&[], |v| v.as_slice());
+            let shared = shared.clone();
+            let tx = tx.clone();
+            let rec = progress.thread(t);
+            sc.spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_thread(env, t, own, &shared, ops, rec)
+                }));
+                drop(shared);
+                let _ = tx.send((t, r));
+                park(release);
+            });
+        }
+        drop(tx);
+        let mut results: Vec<Option<std::thread::Result<ThreadResult>>> =
+            (0..threads).map(|_| None).collect();
+        for (t, r) in rx.iter() {
+            results[t] = Some(r);
+        }
         let mut failure = None;
         for (t, r) in results.into_iter().enumerate() {
+            let Some(r) = r else { continue };
             match r {
                 Ok((own, res)) => {
                     for (id, s) in own {
@@ -1456,6 +1499,8 @@ fn run_phases(
                 }
             }
         }
+        // Every thread dropped its handle before handing its results back.
+        let shared = Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!("shared slots"));
         for (id, s) in shared {
             slots[usize::from(id)] = Some(s);
         }
