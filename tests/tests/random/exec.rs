@@ -1410,9 +1410,19 @@ fn run_phases(
         release.1.notify_all();
     };
     std::thread::scope(|sc| {
-        let r = run_phases_parked(env, p, progress, slots, sc, &release, &park);
-        let_go(&release);
-        r
+        // The threads are let go on every way out, a panic here included (the scope would
+        // otherwise wait for them for ever).
+        struct LetGo<'a, F: Fn(&(Mutex<bool>, std::sync::Condvar))>(
+            &'a (Mutex<bool>, std::sync::Condvar),
+            F,
+        );
+        impl<F: Fn(&(Mutex<bool>, std::sync::Condvar))> Drop for LetGo<'_, F> {
+            fn drop(&mut self) {
+                (self.1)(self.0);
+            }
+        }
+        let _go = LetGo(&release, let_go);
+        run_phases_parked(env, p, progress, slots, sc, &release, &park)
     })
 }
 
@@ -1460,13 +1470,16 @@ fn run_phases_parked<'scope, 'env: 'scope>(
                 }));
                 drop(shared);
                 let _ = tx.send((t, r));
+                // (The sender goes before parking: the phase waits for every result.)
+                drop(tx);
                 park(release);
             });
         }
         drop(tx);
         let mut results: Vec<Option<std::thread::Result<ThreadResult>>> =
             (0..threads).map(|_| None).collect();
-        for (t, r) in rx.iter() {
+        for _ in 0..threads {
+            let Ok((t, r)) = rx.recv() else { break };
             results[t] = Some(r);
         }
         let mut failure = None;
