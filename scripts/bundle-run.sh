@@ -60,7 +60,10 @@ for exe in "$here"/tests/*; do
     CUDA_MEM_LEAK_CYCLES="${CUDA_MEM_LEAK_CYCLES:-1000}" CUDA_MEM_STRESS_SECS=3 \
       CUDA_MEM_RANDOM_PROGRAMS="${CUDA_MEM_RANDOM_PROGRAMS:-5}" \
       run_tests "$exe" --skip faults:: --skip multi_gpu:: \
-        --skip review::review_a_forgotten_nccl_group  # leaks NCCL's buffers by design (mem::forget)
+        --skip review::review_a_forgotten_nccl_group \
+        --skip review::review_staged_copy_ring_reuse_waits_and_survives_forget
+      # (The two skipped review tests leak on purpose: a forgotten NCCL group's communicator,
+      # and a forgotten StagedCopy's 2 MiB staging ring; `mem::forget` is safe and leaks.)
   else
     run_tests "$exe"
   fi
