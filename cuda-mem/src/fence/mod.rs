@@ -204,9 +204,12 @@ mod tests {
 
     thread_local! {
         static CALLS: Cell<u32> = const { Cell::new(0) };
+        /// Records to fail before the next one succeeds.
+        static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };
     }
 
-    /// A backend that only counts its calls (per thread: tests run in parallel).
+    /// A backend that only counts its calls (per thread: tests run in parallel), and whose
+    /// records fail while `FAIL_RECORDS` counts down.
     struct Counting;
 
     fn call() -> Result<(), ()> {
@@ -222,7 +225,16 @@ mod tests {
             a == b
         }
         fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
-            call()
+            let fail = FAIL_RECORDS.with(|f| {
+                let n = f.get();
+                f.set(n.saturating_sub(1));
+                n > 0
+            });
+            if fail {
+                Err(())
+            } else {
+                call()
+            }
         }
         fn wait(_: &Arc<u32>, _: &()) -> Result<(), ()> {
             call()
@@ -318,47 +330,6 @@ mod tests {
         assert!(t.is_idle());
     }
 
-    thread_local! {
-        static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };
-    }
-
-    /// [`Counting`], whose records fail while `FAIL_RECORDS` counts down, and which keeps the
-    /// number of stream synchronizations.
-    struct Flaky;
-
-    impl Backend for Flaky {
-        type Stream = Arc<u32>;
-        type Event = ();
-        type Error = ();
-        fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
-            a == b
-        }
-        fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
-            let fail = FAIL_RECORDS.with(|f| {
-                let n = f.get();
-                f.set(n.saturating_sub(1));
-                n > 0
-            });
-            if fail {
-                Err(())
-            } else {
-                call()
-            }
-        }
-        fn wait(_: &Arc<u32>, _: &()) -> Result<(), ()> {
-            call()
-        }
-        fn query(_: &()) -> Result<bool, ()> {
-            call().map(|()| false)
-        }
-        fn sync_event(_: &()) -> Result<(), ()> {
-            call()
-        }
-        fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
-            call()
-        }
-    }
-
     /// Issue 19.6: a host read whose event record fails synchronizes the stream instead; it
     /// must not forget the read a guard on the same stream is still queueing (begun, not
     /// ended): the buffer's release afterwards still has that read's event to wait for. (The
@@ -367,7 +338,7 @@ mod tests {
     #[test]
     fn a_failed_record_keeps_the_marks_of_work_in_flight_on_the_same_stream() {
         let (s, other) = (Arc::new(0), Arc::new(1));
-        let mut t = Tracker::<Flaky>::default();
+        let mut t = Tracker::<Counting>::default();
         t.mark(&s, (0, 64), Access::Write); // a copy into the buffer, queued
         t.begin(&s, (0, 64), Access::Read).unwrap(); // a read guard, its kernel not yet queued
         FAIL_RECORDS.with(|f| f.set(1));
@@ -376,7 +347,7 @@ mod tests {
         let events = t.retire().unwrap();
         assert_eq!(events.len(), 1, "the in-flight read was forgotten");
 
-        let t = Tracker::<Flaky>::default();
+        let t = Tracker::<Counting>::default();
         t.mark(&s, (0, 64), Access::Write);
         t.begin(&s, (0, 32), Access::Read).unwrap();
         FAIL_RECORDS.with(|f| f.set(1));

@@ -414,6 +414,12 @@ impl TGen<'_> {
         self.pick(&cands)
     }
 
+    /// One of the slots `v` that is not in `exclude`, picked at random.
+    fn pick_excluding(&mut self, v: Vec<SlotId>, exclude: &[SlotId]) -> Option<SlotId> {
+        let v: Vec<SlotId> = v.into_iter().filter(|s| !exclude.contains(s)).collect();
+        self.pick(&v)
+    }
+
     /// An owned live slot matching `pred`, not in `exclude`; else a new `make` buffer (device
     /// memory on `dev`) in an owned slot.
     fn ensure_owned(
@@ -423,12 +429,8 @@ impl TGen<'_> {
         dev: u8,
         exclude: &[SlotId],
     ) -> Option<SlotId> {
-        let v: Vec<SlotId> = self
-            .owned_live(&pred)
-            .into_iter()
-            .filter(|s| !exclude.contains(s))
-            .collect();
-        if let Some(s) = self.pick(&v) {
+        let v = self.owned_live(&pred);
+        if let Some(s) = self.pick_excluding(v, exclude) {
             return Some(s);
         }
         let s = self.free_slot(exclude)?;
@@ -444,12 +446,8 @@ impl TGen<'_> {
         dev: u8,
         exclude: &[SlotId],
     ) -> Option<SlotId> {
-        let v: Vec<SlotId> = self
-            .readable(&pred)
-            .into_iter()
-            .filter(|s| !exclude.contains(s))
-            .collect();
-        if let Some(s) = self.pick(&v) {
+        let v = self.readable(&pred);
+        if let Some(s) = self.pick_excluding(v, exclude) {
             return Some(s);
         }
         self.ensure_owned(pred, make, dev, exclude)
