@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Fails when cuda-mem's modules import each other in a cycle.
+"""Fails when cuda-mem's layers import each other in a cycle, or a layer names one above it.
 
 Reads every `crate::a::b` path in cuda-mem/src (imports and qualified uses, outside comments
-and `#[cfg(test)]` modules), maps each file to its module (`fence/tracker.rs` -> `fence`,
-top-level modules by their folder or file), builds the graph "module -> modules it names", and
-prints every strongly connected component of more than one module. Exit 1 if there is one.
+and `#[cfg(test)]` modules), maps each file to its top-level module (its folder: `fence`,
+`handles`, `contract`, `alloc`, `kinds`, `ops`, `transfer`, `interop`; or its own file: `error`,
+`profiler`), builds the graph "module -> modules it names", and fails (exit 1) on
+- a strongly connected component of more than one module (an import cycle), or
+- an edge from a module to one of a higher layer in LAYERS (the order the README's map shows).
 
     scripts/check-layers.py            # check
     scripts/check-layers.py --graph    # print the graph too
@@ -16,7 +18,26 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cuda-mem", "src")
 # Modules that are not layers: the crate root re-exports everything, and the test seams
 # (`testing`, compiled only for the crate's own tests) may reach anything.
-IGNORED = {"lib", "testing"}
+IGNORED = {"lib", "testing", "measure"}
+# Bottom to top: a module may name modules of its own layer or below.
+LAYERS = [
+    {"error"},
+    {"handles"},
+    {"fence"},
+    {"contract"},
+    {"alloc"},
+    {"kinds"},
+    {"ops"},
+    {"transfer"},
+    {"interop", "profiler"},
+]
+
+
+def layer_of(m):
+    for i, layer in enumerate(LAYERS):
+        if m in layer:
+            return i
+    return None
 
 
 def module_of(path):
@@ -128,15 +149,25 @@ def main():
         for m in sorted(nodes):
             print(f"{m} -> {', '.join(sorted(edges.get(m, ()))) or '-'}")
     cycles = [c for c in sccs(nodes, edges) if len(c) > 1]
+    upward = []
+    for a in sorted(nodes):
+        if layer_of(a) is None:
+            upward.append(f"module {a} is in no layer (add it to LAYERS in {__file__})")
+            continue
+        for b in sorted(edges.get(a, ())):
+            if layer_of(b) is not None and layer_of(b) > layer_of(a):
+                upward.append(f"{a} (layer {layer_of(a)}) names {b} (layer {layer_of(b)}), a layer above it")
+    for u in upward:
+        print("layer order: " + u)
     for c in cycles:
         print("import cycle among cuda-mem modules: " + " <-> ".join(c))
         for a in c:
             for b in sorted(edges.get(a, ())):
                 if b in c:
                     print(f"    {a} -> {b}")
-    if cycles:
+    if cycles or upward:
         return 1
-    print(f"check-layers: {len(nodes)} modules of cuda-mem, no import cycle")
+    print(f"check-layers: {len(nodes)} layers of cuda-mem, no import cycle, none names a layer above it")
     return 0
 
 

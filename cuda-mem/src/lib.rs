@@ -45,66 +45,49 @@
 //! copies, each side's ordering honoured. [`profiler`] starts and stops profiler capture.
 #![warn(missing_docs)]
 
-mod access;
-mod buffer;
-mod copy;
-mod device;
-mod devices;
+mod alloc;
+mod contract;
 mod error;
-mod event;
 mod fence;
-mod flags;
-mod host;
+mod handles;
 pub mod interop;
-mod layout;
-mod managed;
-mod mapped;
+mod kinds;
 #[cfg(feature = "measure")]
 pub mod measure;
-mod memory;
-mod peer;
-mod pinned;
-mod pinned_pool;
-mod pinning;
-mod pointer;
-mod pool;
+mod ops;
 pub mod profiler;
-mod registered;
-mod scope;
-mod size;
-mod staged;
-mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod transfer;
-mod view;
 
 pub use bytemuck::Pod;
 pub use cuda_mem_sys as sys;
 
-pub use access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
-pub use copy::{copy_async, copy_range_async, memset_async};
-pub use device::DeviceBuffer;
-pub use devices::{
+pub use alloc::pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedPoolStats};
+pub use alloc::pinning::{default_pin_threads, PinStrategy, AUTO_MAP_REGISTER_FROM};
+pub use alloc::pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
+pub use contract::host::{HostMemory, HostMemoryMut};
+pub use contract::memory::{AsyncMemory, Memory, MemoryMut};
+pub use error::{check, Error, ErrorCode, Misuse, Result};
+pub use handles::devices::{
     driver_version, format_version, runtime_version, Device, DeviceFlags, DeviceGuard,
     MemoryCapabilities, BUILT_CUDART_VERSION,
 };
-pub use error::{check, Error, ErrorCode, Misuse, Result};
-pub use event::{Event, EventFlags};
-pub use flags::HostAllocFlags;
-pub use host::{HostMemory, HostMemoryMut};
-pub use managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
-pub use mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
-pub use memory::{AsyncMemory, Memory, MemoryMut};
-pub use peer::{copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy};
-pub use pinned::PinnedBuffer;
-pub use pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedPoolStats};
-pub use pinning::{default_pin_threads, PinStrategy, AUTO_MAP_REGISTER_FROM};
-pub use pointer::{pointer_info, PointerInfo, PointerKind};
-pub use pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
-pub use registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
-pub use scope::{scope, Borrowed, BorrowedMut, Scope};
-pub use staged::{copy_staged, set_auto_staging, Stager, StagingConfig};
-pub use stream::Stream;
+pub use handles::event::{Event, EventFlags};
+pub use handles::flags::HostAllocFlags;
+pub use handles::pointer::{pointer_info, PointerInfo, PointerKind};
+pub use handles::stream::Stream;
+pub use kinds::device::DeviceBuffer;
+pub use kinds::managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
+pub use kinds::mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
+pub use kinds::pinned::PinnedBuffer;
+pub use kinds::registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
+pub use ops::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
+pub use ops::copy::{copy_async, copy_range_async, memset_async};
+pub use ops::scope::{scope, Borrowed, BorrowedMut, Scope};
+pub use ops::view::{Slice, View, ViewMut};
+pub use transfer::peer::{
+    copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy,
+};
+pub use transfer::staged::{copy_staged, set_auto_staging, Stager, StagingConfig};
 pub use transfer::{copy, copy_range};
-pub use view::{Slice, View, ViewMut};

@@ -86,8 +86,9 @@ impl PoolPair {
         free: impl FnOnce(*mut c_void) -> Result<()>,
     ) -> Result<()> {
         let (ptr, pooled, mut fence) =
-            crate::pool::alloc_with(&self.pool, bytes, &self.stream, "PoolPair", alloc)?;
-        let freed = crate::pool::Pooled::free_with(ptr.as_ptr(), bytes, &mut fence, |p, _| free(p));
+            crate::alloc::pool::alloc_with(&self.pool, bytes, &self.stream, "PoolPair", alloc)?;
+        let freed =
+            crate::alloc::pool::Pooled::free_with(ptr.as_ptr(), bytes, &mut fence, |p, _| free(p));
         drop(fence);
         drop(pooled);
         freed
@@ -135,7 +136,7 @@ pub fn detached_pool_pairs(pairs: u32, bytes: usize) -> Result<std::time::Durati
 pub fn host_copy(dst: &mut [u8], src: &[u8], nt: bool) {
     let len = dst.len().min(src.len());
     // SAFETY: both ranges are `len` bytes of distinct slices (a `&mut` cannot alias a `&`).
-    unsafe { crate::staged::host_copy(dst.as_mut_ptr(), src.as_ptr(), len, nt) };
+    unsafe { crate::transfer::staged::host_copy(dst.as_mut_ptr(), src.as_ptr(), len, nt) };
 }
 
 /// How mapped-and-registered pinning ([`PinStrategy::MapRegister`](crate::PinStrategy))
@@ -143,12 +144,12 @@ pub fn host_copy(dst: &mut [u8], src: &[u8], nt: bool) {
 /// `madvise(MADV_POPULATE_WRITE)`, 2 `MAP_POPULATE` (one thread, in the kernel).
 /// Process-wide, for `cuda-mem bench`.
 pub fn set_populate_mode(mode: u8) {
-    crate::pinning::POPULATE.store(mode.min(2), std::sync::atomic::Ordering::Relaxed);
+    crate::alloc::pinning::POPULATE.store(mode.min(2), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Map, populate and register time of this thread's last mapped-and-registered block.
 pub fn last_pin_phases() -> [std::time::Duration; 3] {
-    crate::pinning::last_phases()
+    crate::alloc::pinning::last_phases()
 }
 
 #[cfg(test)]

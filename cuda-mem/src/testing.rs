@@ -12,8 +12,8 @@ use bytemuck::Pod;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::fence::Backend;
-use crate::flags::HostAllocFlags;
-use crate::mapped::MappedBuffer;
+use crate::handles::flags::HostAllocFlags;
+use crate::kinds::mapped::MappedBuffer;
 
 thread_local! {
     static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };

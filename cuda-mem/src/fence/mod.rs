@@ -17,10 +17,10 @@ use std::sync::Arc;
 pub(crate) use self::tracker::Access;
 pub(crate) use self::tracker::Backend;
 use self::tracker::Tracker;
-use crate::devices::Device;
 use crate::error::{Error, Result};
-use crate::event::Event;
-use crate::stream::{sync_stream, Stream, StreamInner};
+use crate::handles::devices::Device;
+use crate::handles::event::Event;
+use crate::handles::stream::{sync_stream, Stream, StreamInner};
 
 /// The CUDA runtime behind the fence.
 pub(crate) struct Cuda;

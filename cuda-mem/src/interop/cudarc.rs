@@ -101,12 +101,12 @@ use ::cudarc::driver::{
 };
 use bytemuck::Pod;
 
-use crate::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
-use crate::devices::Device;
+use crate::contract::memory::{sealed, Loc};
 use crate::error::{Error, ErrorCode, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::memory::{sealed, Loc};
-use crate::stream::{Stream, StreamInner};
+use crate::handles::devices::Device;
+use crate::handles::stream::{Stream, StreamInner};
+use crate::ops::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
 
 /// A cudarc driver error as this crate's [`Error`]: driver and runtime number the errors they
 /// share alike (`CUDA_ERROR_ILLEGAL_ADDRESS` = `cudaErrorIllegalAddress` = 700, ...).

@@ -29,8 +29,8 @@
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+use crate::contract::size;
 use crate::error::{Misuse, Result};
-use crate::size;
 
 /// The largest element alignment an allocation accepts: the alignment CUDA promises for
 /// every allocation.

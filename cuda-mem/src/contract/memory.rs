@@ -73,7 +73,7 @@ pub(crate) mod sealed {
     use super::Loc;
     use crate::error::Result;
     use crate::fence::Fence;
-    use crate::stream::Stream;
+    use crate::handles::stream::Stream;
 
     /// The raw view of a memory kind that copies need. Sealed: implemented in this crate only.
     pub trait Raw<T> {

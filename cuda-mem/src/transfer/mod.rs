@@ -1,16 +1,19 @@
 //! The transfer policy of [`copy`] and [`copy_range`]: large copies between ordinary
 //! (pageable) host memory and the device go through the staging workers (`staged.rs`), every
-//! other copy through the driver (`copy.rs`).
+//! other copy through the driver (`ops/copy.rs`).
+
+pub(crate) mod peer;
+pub(crate) mod staged;
 
 use std::mem::size_of;
 
 use bytemuck::Pod;
 
-use crate::copy::{copy_planned, Plan};
-use crate::device::DeviceBuffer;
+use crate::contract::memory::{Memory, MemoryMut};
+use crate::contract::size;
 use crate::error::Result;
-use crate::memory::{Memory, MemoryMut};
-use crate::size;
+use crate::kinds::device::DeviceBuffer;
+use crate::ops::copy::{copy_planned, Plan};
 
 /// Copies all of `src` into `dst` (`cudaMemcpy`); see below for when it returns.
 ///
@@ -64,7 +67,9 @@ where
     D: MemoryMut<T> + ?Sized,
     S: Memory<T> + ?Sized,
 {
-    if let Some(stager) = crate::staged::auto_stager(src.loc(), dst.loc(), count, size_of::<T>()) {
+    if let Some(stager) =
+        crate::transfer::staged::auto_stager(src.loc(), dst.loc(), count, size_of::<T>())
+    {
         return stager.copy_range(dst, dst_offset, src, src_offset, count);
     }
     let plan = Plan::new(dst, dst_offset, src, src_offset, count)?;

@@ -14,17 +14,17 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::buffer::impl_buffer;
+use crate::alloc::pinned_pool::{BlockOwner, PinnedPool, PoolRef};
+use crate::alloc::pinning::{self, Block, PinStrategy};
+use crate::alloc::pool::{self, MemPool, PoolLocation, Pooled};
+use crate::contract::buffer::impl_buffer;
+use crate::contract::layout::Layout;
+use crate::contract::memory::Loc;
+use crate::contract::size::fmt_bytes;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::flags::HostAllocFlags;
-use crate::layout::Layout;
-use crate::memory::Loc;
-use crate::pinned_pool::{BlockOwner, PinnedPool, PoolRef};
-use crate::pinning::{self, Block, PinStrategy};
-use crate::pool::{self, MemPool, PoolLocation, Pooled};
-use crate::size::fmt_bytes;
-use crate::stream::Stream;
+use crate::handles::flags::HostAllocFlags;
+use crate::handles::stream::Stream;
 
 /// A typed buffer of pinned host memory, freed on drop: `cudaFreeHost`, or for a buffer from a
 /// host pool ([`from_pool`](Self::from_pool)) `cudaFreeAsync` queued on its stream, which
@@ -83,7 +83,7 @@ impl_buffer!(
 );
 
 // The host address is the buffer's own (page-locked) memory.
-impl<T: Pod> crate::memory::sealed::Host<T> for PinnedBuffer<T> {}
+impl<T: Pod> crate::contract::memory::sealed::Host<T> for PinnedBuffer<T> {}
 
 /// `cudaFreeHost` of an allocation refused by [`Layout::place`].
 fn free_host<U>(p: NonNull<U>) -> Result<()> {
@@ -420,7 +420,7 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 }
 
-/// The pinned pool's buffers: blocks of the allocator (`pinned_pool.rs`), made buffers here.
+/// The pinned pool's buffers: blocks of the allocator (`alloc/pinned_pool.rs`), made buffers here.
 impl PinnedPool {
     /// A pinned buffer of `len` elements with `flags`, from the cache where a free block of
     /// its size class and flags is ready, else newly made. Its contents are unspecified

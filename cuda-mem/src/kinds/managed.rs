@@ -12,14 +12,14 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::buffer::impl_buffer;
-use crate::devices::Device;
+use crate::contract::buffer::impl_buffer;
+use crate::contract::layout::Layout;
+use crate::contract::memory::Loc;
+use crate::contract::size::fmt_bytes;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::layout::Layout;
-use crate::memory::Loc;
-use crate::size::fmt_bytes;
-use crate::stream::{Stream, StreamInner};
+use crate::handles::devices::Device;
+use crate::handles::stream::{Stream, StreamInner};
 
 /// `cudaCpuDeviceId`: the host, where the API takes a device ordinal.
 pub const CPU_DEVICE_ID: i32 = -1;
@@ -188,7 +188,7 @@ impl_buffer!(
     attached
 );
 
-impl<T: Pod> crate::memory::sealed::Host<T> for ManagedBuffer<T> {
+impl<T: Pod> crate::contract::memory::sealed::Host<T> for ManagedBuffer<T> {
     fn check_host(&self) -> Result<()> {
         self.require_concurrent_access()
     }

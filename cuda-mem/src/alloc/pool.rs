@@ -22,12 +22,12 @@ use std::sync::Arc;
 
 use cuda_mem_sys as sys;
 
-use crate::devices::Device;
+use crate::contract::layout::Layout;
+use crate::contract::size::fmt_bytes;
 use crate::error::{check, Error, ErrorCode, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::layout::Layout;
-use crate::size::fmt_bytes;
-use crate::stream::Stream;
+use crate::handles::devices::Device;
+use crate::handles::stream::Stream;
 
 /// Where a pool's memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -16,14 +16,14 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::devices::Device;
+use crate::contract::layout::Layout;
+use crate::contract::memory::{sealed, Loc};
+use crate::contract::size;
 use crate::error::{Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::flags::HostAllocFlags;
-use crate::layout::Layout;
-use crate::memory::{sealed, Loc};
-use crate::pinned::{host_device_pointer, PinnedBuffer};
-use crate::size;
+use crate::handles::devices::Device;
+use crate::handles::flags::HostAllocFlags;
+use crate::kinds::pinned::{host_device_pointer, PinnedBuffer};
 
 /// Pinned host memory mapped into the device address space, freed on drop.
 ///
@@ -174,7 +174,7 @@ impl<T: Pod> MappedBuffer<T> {
             .into());
         }
         check_device()?;
-        crate::pointer::require_pinned(p.as_ptr(), len, op)?;
+        crate::handles::pointer::require_pinned(p.as_ptr(), len, op)?;
         let dp = device_pointer(p.as_ptr().cast())?;
         let device_ptr = NonNull::new(dp.cast::<T>()).ok_or(Misuse::NullPointer {
             op: "cudaHostGetDevicePointer",

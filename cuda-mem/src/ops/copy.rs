@@ -1,6 +1,6 @@
 //! The driver's copies and memsets between every kind of memory, typed and length-checked
 //! (the operations layer; [`copy`](crate::copy), which may stage large pageable copies
-//! instead, is the transfer policy in `transfer.rs`).
+//! instead, is the transfer policy in `transfer/`).
 //!
 //! [`copy`](crate::copy) works between any two kinds, ordinary host slices included. [`copy_async`]
 //! queues the copy on a stream and returns at once; it accepts only memory that tracks its
@@ -16,13 +16,13 @@
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::device::DeviceBuffer;
-use crate::devices::current_ordinal;
+use crate::contract::memory::{sealed, AsyncMemory, Loc, Memory, MemoryMut};
+use crate::contract::size;
 use crate::error::{check, Result};
 use crate::fence::{Access, Fence};
-use crate::memory::{sealed, AsyncMemory, Loc, Memory, MemoryMut};
-use crate::size;
-use crate::stream::{sync_stream, Stream};
+use crate::handles::devices::current_ordinal;
+use crate::handles::stream::{sync_stream, Stream};
+use crate::kinds::device::DeviceBuffer;
 
 /// [`copy_range`](crate::copy_range) by the driver's path alone (`cudaMemcpy`), never staged, of the copy that
 /// `plan` ([`Plan::new`] of these `dst` and `src`) checked already.
@@ -233,7 +233,7 @@ where
     if bytes == 0 {
         return Ok(());
     }
-    let guard = crate::access::write_guard(dst, stream, "memset_async")?;
+    let guard = crate::ops::access::write_guard(dst, stream, "memset_async")?;
     let p = guard.as_mut_ptr();
     // SAFETY: `p` is the device address of `bytes` bytes of `dst`, borrowed mutably through the
     // guard, which ordered the fill after conflicting work and records it (the owner waits for

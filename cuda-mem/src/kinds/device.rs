@@ -7,15 +7,15 @@ use std::ptr::NonNull;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::buffer::impl_buffer;
-use crate::devices::{current_ordinal, Device};
+use crate::alloc::pool::{self, MemPool, PoolLocation, Pooled};
+use crate::contract::buffer::impl_buffer;
+use crate::contract::layout::Layout;
+use crate::contract::memory::Loc;
+use crate::contract::size::fmt_bytes;
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::layout::Layout;
-use crate::memory::Loc;
-use crate::pool::{self, MemPool, PoolLocation, Pooled};
-use crate::size::fmt_bytes;
-use crate::stream::Stream;
+use crate::handles::devices::{current_ordinal, Device};
+use crate::handles::stream::Stream;
 
 /// A typed buffer of device memory, freed on drop: `cudaFree`, or for a buffer from a pool
 /// ([`from_pool`](Self::from_pool)) `cudaFreeAsync` queued on its stream, which never waits.

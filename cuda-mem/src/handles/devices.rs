@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 use cuda_mem_sys as sys;
 
 use crate::error::{check, check_call, Misuse, Result};
-use crate::flags::flag_set;
+use crate::handles::flags::flag_set;
 
 flag_set! {
     /// Flags of `cudaSetDeviceFlags`, OR-able with `|` (at most one `SCHEDULE_*`).

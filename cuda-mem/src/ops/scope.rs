@@ -39,10 +39,10 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
+use crate::contract::memory::{sealed, Loc};
 use crate::error::Result;
 use crate::fence::{Access, Fence};
-use crate::memory::{sealed, Loc};
-use crate::pinned::host_device_pointer;
+use crate::kinds::pinned::host_device_pointer;
 
 /// The handle a [`scope`] closure gets; see the module docs.
 pub struct Scope<'scope, 'env: 'scope> {

@@ -31,14 +31,14 @@ use std::thread::JoinHandle;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::{self, Plan};
-use crate::devices::current_ordinal;
+use crate::alloc::pinned_pool::PinnedPool;
+use crate::contract::memory::{sealed, Loc, Memory, MemoryMut};
+use crate::contract::size;
 use crate::error::{check, Error, Misuse, Result};
 use crate::fence::Access;
-use crate::flags::HostAllocFlags;
-use crate::memory::{sealed, Loc, Memory, MemoryMut};
-use crate::pinned_pool::PinnedPool;
-use crate::size;
+use crate::handles::devices::current_ordinal;
+use crate::handles::flags::HostAllocFlags;
+use crate::ops::copy::{self, Plan};
 
 /// How a [`Stager`] cuts and runs copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -464,7 +464,8 @@ where
 /// workers must not touch managed memory the GPU may be using. A slice lies in one
 /// allocation, so its first element tells for all of it.
 fn is_pageable<T>(p: *const T) -> bool {
-    crate::pointer::pointer_info(p).is_ok_and(|i| i.kind == crate::PointerKind::UnregisteredHost)
+    crate::handles::pointer::pointer_info(p)
+        .is_ok_and(|i| i.kind == crate::PointerKind::UnregisteredHost)
 }
 
 /// Whether [`copy`](crate::copy) stages large pageable copies (see [`set_auto_staging`]).

@@ -37,13 +37,13 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use crate::alloc::pinning::{Block, PinStrategy};
+use crate::contract::layout::Layout;
+use crate::contract::size::fmt_bytes;
 use crate::error::{Error, Misuse, Result};
-use crate::event::Event;
 use crate::fence::{Access, Fence};
-use crate::flags::HostAllocFlags;
-use crate::layout::Layout;
-use crate::pinning::{Block, PinStrategy};
-use crate::size::fmt_bytes;
+use crate::handles::event::Event;
+use crate::handles::flags::HostAllocFlags;
 
 /// Smallest size class: one page.
 const MIN_CLASS: usize = 4096;
@@ -387,7 +387,7 @@ impl PinnedPool {
     /// class and flags is ready, else newly made, with the owner its buffer keeps (this pool
     /// and the class, to give it back). The allocator's half of
     /// [`PinnedPool::alloc`](crate::PinnedPool::alloc): the buffer is made where the kind
-    /// lives (`pinned.rs`).
+    /// lives (`kinds/pinned.rs`).
     pub(crate) fn block_for<T>(
         &self,
         layout: &Layout<T>,

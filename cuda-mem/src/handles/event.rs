@@ -4,10 +4,10 @@ use std::ptr;
 
 use cuda_mem_sys as sys;
 
-use crate::devices::{current_ordinal, Device};
 use crate::error::{check, check_call, clear_not_ready, Result};
-use crate::flags::flag_set;
-use crate::stream::{Stream, StreamInner};
+use crate::handles::devices::{current_ordinal, Device};
+use crate::handles::flags::flag_set;
+use crate::handles::stream::{Stream, StreamInner};
 
 flag_set! {
     /// Flags of `cudaEventCreateWithFlags`, OR-able with `|`.
@@ -206,7 +206,7 @@ impl Event {
 
 /// CUDA's rule for recording: "event and stream must be on the same CUDA context".
 pub(crate) fn check_same_device(op: &'static str, event: i32, stream: i32) -> Result<()> {
-    crate::devices::require_same(op, event, stream)
+    crate::handles::devices::require_same(op, event, stream)
 }
 
 impl Drop for Event {

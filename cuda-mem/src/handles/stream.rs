@@ -7,8 +7,8 @@ use std::thread::{self, ThreadId};
 
 use cuda_mem_sys as sys;
 
-use crate::devices::{Device, DeviceGuard};
 use crate::error::{check, check_call, clear_not_ready, Misuse, Result};
+use crate::handles::devices::{Device, DeviceGuard};
 
 /// `cudaStreamLegacy`: the legacy default stream of the current device, by name (also in
 /// programs built with per-thread default streams, where the null handle means the
@@ -94,7 +94,11 @@ impl StreamInner {
     /// handle would name that thread's stream).
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
         if (self.raw as usize) <= PER_THREAD_HANDLE {
-            crate::devices::require_same(op, self.device, crate::devices::current_ordinal())?;
+            crate::handles::devices::require_same(
+                op,
+                self.device,
+                crate::handles::devices::current_ordinal(),
+            )?;
         }
         if self.is_foreign_per_thread() {
             return Err(Misuse::InvalidArgument {
@@ -290,7 +294,7 @@ impl Stream {
     /// current is refused ([`Misuse::DeviceMismatch`](crate::Misuse::DeviceMismatch)), and the fence's own calls on it make
     /// its device current first.
     pub fn legacy_default() -> Self {
-        Self::legacy_on(crate::devices::current_ordinal())
+        Self::legacy_on(crate::handles::devices::current_ordinal())
     }
 
     /// The legacy default stream of device `device` (the caller knows it exists). One shared

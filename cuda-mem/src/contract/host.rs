@@ -34,9 +34,9 @@
 
 use bytemuck::Pod;
 
+use crate::contract::memory::{sealed, AsyncMemory};
 use crate::error::Result;
 use crate::fence::Access;
-use crate::memory::{sealed, AsyncMemory};
 
 /// The byte range of `m` in its fence.
 fn fence_range<T, M: sealed::Raw<T> + ?Sized>(m: &M) -> (usize, usize) {

@@ -9,10 +9,10 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
+use crate::contract::memory::sealed;
 use crate::error::Result;
 use crate::fence::{Access, Use};
-use crate::memory::sealed;
-use crate::stream::Stream;
+use crate::handles::stream::Stream;
 
 /// A device address to read, for work queued on one stream while this guard lives.
 #[must_use = "the guard records the work queued while it lives: keep it until after the launch"]

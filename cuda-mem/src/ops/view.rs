@@ -22,10 +22,10 @@
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
+use crate::contract::memory::{sealed, Loc};
 use crate::error::{Misuse, Result};
 use crate::fence::Fence;
-use crate::memory::{sealed, Loc};
-use crate::stream::Stream;
+use crate::handles::stream::Stream;
 
 /// A read-only view of elements `start..start + len` of a buffer `M`.
 pub struct View<'a, T, M: ?Sized> {

@@ -13,14 +13,14 @@
 /// every field anyway.
 macro_rules! impl_buffer {
     ($ty:ident, $loc:expr, $addr:literal $(, $extra:ident)*) => {
-        impl<T: bytemuck::Pod> $crate::memory::sealed::Raw<T> for $ty<T> {
+        impl<T: bytemuck::Pod> $crate::contract::memory::sealed::Raw<T> for $ty<T> {
             fn raw_ptr(&self) -> *const T {
                 self.ptr.as_ptr()
             }
             fn raw_len(&self) -> usize {
                 self.len
             }
-            fn loc(&self) -> $crate::memory::Loc {
+            fn loc(&self) -> $crate::contract::memory::Loc {
                 $loc
             }
             fn fence(&self) -> Option<&$crate::fence::Fence> {
@@ -38,13 +38,13 @@ macro_rules! impl_buffer {
             }
         }
 
-        impl<T: bytemuck::Pod> $crate::memory::sealed::RawMut<T> for $ty<T> {
+        impl<T: bytemuck::Pod> $crate::contract::memory::sealed::RawMut<T> for $ty<T> {
             fn raw_mut_ptr(&mut self) -> *mut T {
                 self.ptr.as_ptr()
             }
         }
 
-        impl<T: bytemuck::Pod> $crate::memory::sealed::Async<T> for $ty<T> {
+        impl<T: bytemuck::Pod> $crate::contract::memory::sealed::Async<T> for $ty<T> {
             fn device_addr(&self) -> $crate::Result<*const T> {
                 self.device_addr_impl()
             }

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use cuda_mem_sys as sys;
 
+use crate::contract::size::fmt_bytes;
 use crate::error::{check, Misuse, Result};
-use crate::flags::HostAllocFlags;
-use crate::size::fmt_bytes;
+use crate::handles::flags::HostAllocFlags;
 
 /// How to make pinned host memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,17 +21,17 @@ use std::mem::ManuallyDrop;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::copy::Plan;
-use crate::device::DeviceBuffer;
-use crate::devices::Device;
+use crate::contract::memory::sealed::Async;
+use crate::contract::size::{self, fmt_bytes};
 use crate::error::{check, Misuse, Result};
-use crate::event::Event;
 use crate::fence::Access;
-use crate::flags::HostAllocFlags;
-use crate::memory::sealed::Async;
-use crate::pinned::PinnedBuffer;
-use crate::size::{self, fmt_bytes};
-use crate::stream::Stream;
+use crate::handles::devices::Device;
+use crate::handles::event::Event;
+use crate::handles::flags::HostAllocFlags;
+use crate::handles::stream::Stream;
+use crate::kinds::device::DeviceBuffer;
+use crate::kinds::pinned::PinnedBuffer;
+use crate::ops::copy::Plan;
 
 impl Device {
     /// Whether this device can access memory of `peer` directly, once enabled
@@ -360,7 +360,7 @@ impl StagedCopy {
                 dst.device(),
             ),
         ] {
-            crate::devices::require_same(op, expected, found)?;
+            crate::handles::devices::require_same(op, expected, found)?;
         }
         let Plan {
             d,

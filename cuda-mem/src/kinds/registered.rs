@@ -26,13 +26,13 @@ use std::sync::OnceLock;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
+use crate::contract::layout::Layout;
+use crate::contract::memory::{sealed, Loc};
+use crate::contract::size::{self, fmt_bytes};
 use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
-use crate::flags::flag_set;
-use crate::layout::Layout;
-use crate::memory::{sealed, Loc};
-use crate::pinned::host_device_pointer;
-use crate::size::{self, fmt_bytes};
+use crate::handles::flags::flag_set;
+use crate::kinds::pinned::host_device_pointer;
 
 flag_set! {
     /// Flags of `cudaHostRegister`, OR-able with `|`.
@@ -396,7 +396,7 @@ impl<T: Pod> RegisteredVec<T> {
             }
             .into());
         }
-        crate::pointer::require_pinned(p.as_ptr(), len, op)?;
+        crate::handles::pointer::require_pinned(p.as_ptr(), len, op)?;
         // SAFETY: the caller vouches for the raw parts (see above); the Vec is owned from here.
         let vec = unsafe { Vec::from_raw_parts(p.as_ptr(), len, capacity) };
         Ok(RegisteredVec {
