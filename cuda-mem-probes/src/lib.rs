@@ -7,9 +7,10 @@
 use std::ffi::{CStr, CString};
 use std::os::raw::c_void;
 
-use cuda_mem::{
-    check, sys, Device, DeviceBuffer, DevicePtr, DevicePtrMut as _, Misuse, Result, Stream,
-};
+// (`sys` is named here only where the runtime's library API is declared: CUDA 12.5+.)
+#[cfg(cudart_library)]
+use cuda_mem::sys;
+use cuda_mem::{check, Device, DeviceBuffer, DevicePtr, DevicePtrMut as _, Misuse, Result, Stream};
 
 /// The probes work on whole 16-byte words: anything else is refused, not silently truncated.
 fn whole_words(op: &'static str, bytes: usize) -> Result<u64> {
