@@ -5,19 +5,9 @@ use std::os::raw::c_void;
 
 use cuda_mem::{sys, Error, ErrorCode, Result, Stream};
 
-/// A runtime code as a `Result`, clearing the runtime's last-error state on failure (as the
-/// library does).
-pub fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
-    if code == sys::cudaError::cudaSuccess {
-        return Ok(());
-    }
-    // SAFETY: takes no arguments; only reads and resets the thread's last-error state.
-    let _ = unsafe { sys::cudaGetLastError() };
-    Err(Error::Cuda {
-        code: ErrorCode(code.0),
-        call: call(),
-    })
-}
+/// A runtime code as a `Result`, clearing the runtime's last-error state on failure: the
+/// library's own check, public for raw calls like these.
+pub use cuda_mem::check;
 
 /// `cudaMemcpy`, or `cudaMemcpyAsync` on `stream` when `stream` is given.
 ///
