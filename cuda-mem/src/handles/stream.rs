@@ -40,6 +40,24 @@ unsafe impl Send for StreamInner {}
 unsafe impl Sync for StreamInner {}
 
 impl StreamInner {
+    /// A stream's shared part: `raw` on `device`, destroyed with the last clone when `owned`;
+    /// `thread` for a per-thread default stream; `keeper` keeps a borrowed handle valid.
+    fn new(
+        raw: sys::cudaStream_t,
+        owned: bool,
+        device: i32,
+        thread: Option<ThreadId>,
+        keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Arc<StreamInner> {
+        Arc::new(StreamInner {
+            raw,
+            owned,
+            device,
+            thread,
+            _keeper: keeper,
+        })
+    }
+
     /// The handle to pass to the runtime on the calling thread. A per-thread default stream
     /// seen from another thread than its own cannot be named there (the handle would name that
     /// thread's stream): the legacy default stream of its device stands in, for the fence's
@@ -196,13 +214,7 @@ impl Stream {
         let code = unsafe { sys::cudaStreamCreateWithFlags(&mut raw, flags) };
         check_call(code, call)?;
         Ok(Stream {
-            inner: Arc::new(StreamInner {
-                raw,
-                owned: true,
-                device,
-                thread: None,
-                _keeper: None,
-            }),
+            inner: StreamInner::new(raw, true, device, None, None),
         })
     }
 
@@ -227,13 +239,7 @@ impl Stream {
             _ => {}
         }
         Stream {
-            inner: Arc::new(StreamInner {
-                raw,
-                owned: false,
-                device: device.ordinal(),
-                thread: None,
-                _keeper: None,
-            }),
+            inner: StreamInner::new(raw, false, device.ordinal(), None, None),
         }
     }
 
@@ -257,13 +263,13 @@ impl Stream {
     fn per_thread_on(device: i32) -> Self {
         DrainAtExit::note(device);
         Stream {
-            inner: Arc::new(StreamInner {
-                raw: PER_THREAD_HANDLE as sys::cudaStream_t,
-                owned: false,
+            inner: StreamInner::new(
+                PER_THREAD_HANDLE as sys::cudaStream_t,
+                false,
                 device,
-                thread: Some(thread::current().id()),
-                _keeper: None,
-            }),
+                Some(thread::current().id()),
+                None,
+            ),
         }
     }
 
@@ -276,13 +282,7 @@ impl Stream {
         keeper: Box<dyn std::any::Any + Send + Sync>,
     ) -> Self {
         Stream {
-            inner: Arc::new(StreamInner {
-                raw,
-                owned: false,
-                device: device.ordinal(),
-                thread: None,
-                _keeper: Some(keeper),
-            }),
+            inner: StreamInner::new(raw, false, device.ordinal(), None, Some(keeper)),
         }
     }
 
@@ -302,15 +302,7 @@ impl Stream {
     /// call, and fences then recognise it by pointer.
     pub(crate) fn legacy_on(device: i32) -> Self {
         static LEGACY: [OnceLock<Arc<StreamInner>>; 64] = [const { OnceLock::new() }; 64];
-        let make = || {
-            Arc::new(StreamInner {
-                raw: ptr::null_mut(),
-                owned: false,
-                device,
-                thread: None,
-                _keeper: None,
-            })
-        };
+        let make = || StreamInner::new(ptr::null_mut(), false, device, None, None);
         let inner = match usize::try_from(device).ok().and_then(|d| LEGACY.get(d)) {
             Some(slot) => slot.get_or_init(make).clone(),
             None => make(),
