@@ -206,6 +206,10 @@ mod tests {
         static CALLS: Cell<u32> = const { Cell::new(0) };
         /// Records to fail before the next one succeeds.
         static FAIL_RECORDS: Cell<u32> = const { Cell::new(0) };
+        /// Event synchronizations to fail before the next one succeeds.
+        static FAIL_EVENT_SYNCS: Cell<u32> = const { Cell::new(0) };
+        /// Event synchronizations attempted (failed ones included).
+        static EVENT_SYNCS: Cell<u32> = const { Cell::new(0) };
     }
 
     /// A backend that only counts its calls (per thread: tests run in parallel), and whose
@@ -243,7 +247,17 @@ mod tests {
             call().map(|()| false)
         }
         fn sync_event(_: &()) -> Result<(), ()> {
-            call()
+            EVENT_SYNCS.with(|c| c.set(c.get() + 1));
+            let fail = FAIL_EVENT_SYNCS.with(|f| {
+                let n = f.get();
+                f.set(n.saturating_sub(1));
+                n > 0
+            });
+            if fail {
+                Err(())
+            } else {
+                call()
+            }
         }
         fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
             call()
@@ -358,6 +372,31 @@ mod tests {
             t.retire().unwrap().len(),
             1,
             "the in-flight read was forgotten"
+        );
+    }
+
+    /// Review finding (h-review2): a host wait stops at the first event synchronization that
+    /// fails, leaving the events of the other streams unwaited. `RegisteredSlice::register`'s
+    /// end and `scope`'s finish then hand the memory back when that first error is *sticky*
+    /// ("the context is gone, nothing runs"), but a sticky error ends the work of one device's
+    /// context only: work of another device's stream on the same memory (PORTABLE
+    /// registration) may still be running. Every stream's event should at least be waited for
+    /// (and a non-sticky failure among them reported in preference to a sticky one).
+    /// Fails until fixed.
+    #[test]
+    #[ignore = "review finding: demonstrates a bug in host_wait_range, fails until fixed"]
+    fn a_failed_event_sync_still_waits_for_the_other_streams() {
+        let (dev0, dev1) = (Arc::new(0), Arc::new(1));
+        let t = Tracker::<Counting>::default();
+        t.mark(&dev0, (0, 64), Access::Write); // e.g. a kernel on device 0 that faults
+        t.mark(&dev1, (0, 64), Access::Write); // a copy on device 1, still running
+        FAIL_EVENT_SYNCS.with(|f| f.set(1));
+        EVENT_SYNCS.with(|c| c.set(0));
+        assert!(t.host_wait(Access::Write).is_err());
+        assert_eq!(
+            EVENT_SYNCS.with(Cell::get),
+            2,
+            "the second stream's event was never waited for after the first one failed"
         );
     }
 }
