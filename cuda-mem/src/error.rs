@@ -507,6 +507,20 @@ pub fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()
     })
 }
 
+/// Ends the process after `error`, a failed wait for GPU work on memory that is about to go
+/// back to an owner who may free or reuse it (a borrowed slice: nothing can leak it): `who`
+/// and the error go to stderr first. The message is written without `eprintln!`, which panics
+/// when stderr is a closed pipe: a panic here would hand the memory back after all.
+pub(crate) fn abort_in_use(who: &str, what: &str, error: &Error) -> ! {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "{who}: cannot wait for asynchronous work on {what} ({error}); aborting rather than \
+         hand the memory back while it may be in use"
+    );
+    std::process::abort()
+}
+
 /// For queries (`cudaStreamQuery`, `cudaEventQuery`): whether `code` is `cudaErrorNotReady`,
 /// which is an answer, not a failure. The runtime also leaves it as the thread's last error,
 /// where C++ code in the same thread would later see a spurious failure: it is cleared here.

@@ -73,6 +73,13 @@ pub trait Backend {
     fn sync_event(event: &Self::Event) -> Result<(), Self::Error>;
     /// Blocks the host until all work queued on `stream` so far has completed.
     fn sync_stream(stream: &Self::Stream) -> Result<(), Self::Error>;
+    /// Whether work may still be running after `error` (a failed wait): true unless the error
+    /// ends all work it could concern (a lost context). Of several failed waits, one of those
+    /// is reported first, so that a caller who trusts a lost context to have stopped its work
+    /// never does so while other work may run. The default assumes the worst.
+    fn may_still_run(_error: &Self::Error) -> bool {
+        true
+    }
 }
 
 /// How queued work or the host uses a range.
@@ -643,11 +650,28 @@ impl<B: Backend> Tracker<B> {
         if targets.is_empty() {
             return Ok(());
         }
+        // Every event is waited for, also after one failed (a lost context on one device says
+        // nothing of another device's work); a failure after which work may still run is the
+        // one reported.
+        let mut failed: Option<B::Error> = None;
+        let mut synced = Vec::with_capacity(targets.len());
         for (_, ev) in &targets {
-            B::sync_event(ev)?;
+            match B::sync_event(ev) {
+                Ok(()) => synced.push(true),
+                Err(e) => {
+                    synced.push(false);
+                    let keep = match &failed {
+                        None => true,
+                        Some(f) => !B::may_still_run(f) && B::may_still_run(&e),
+                    };
+                    if keep {
+                        failed = Some(e);
+                    }
+                }
+            }
         }
         let mut st = self.lock();
-        for (stream, ev) in &targets {
+        for ((stream, ev), _) in targets.iter().zip(&synced).filter(|(_, ok)| **ok) {
             let done = st
                 .entries
                 .iter_mut()
@@ -662,7 +686,10 @@ impl<B: Backend> Tracker<B> {
             }
         }
         st.entries.retain(|e| !e.is_idle());
-        Ok(())
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// For memory whose owner hands it back without blocking (a pool that reuses it later):

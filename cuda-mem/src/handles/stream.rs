@@ -393,9 +393,16 @@ impl DrainAtExit {
 impl Drop for DrainAtExit {
     fn drop(&mut self) {
         let mask = self.0.get();
+        if mask == 0 {
+            return;
+        }
+        // Errors are ignored (drop never panics): at process exit the runtime may be unloading
+        // already, and then there is nothing left to drain. The thread's current device is
+        // given back afterwards, for thread-local destructors that run after this one.
+        let mut before = 0;
+        // SAFETY: a valid out-pointer.
+        let known = unsafe { sys::cudaGetDevice(&mut before) } == sys::cudaError::cudaSuccess;
         for d in (0..64).filter(|d| mask & 1 << d != 0) {
-            // Errors are ignored (drop never panics): at process exit the runtime may be
-            // unloading already, and then there is nothing left to drain.
             // SAFETY: plain runtime calls with a device ordinal this thread used and the
             // per-thread stream's handle, on this (still running) thread.
             unsafe {
@@ -403,6 +410,10 @@ impl Drop for DrainAtExit {
                     sys::cudaStreamSynchronize(PER_THREAD_HANDLE as sys::cudaStream_t);
                 }
             }
+        }
+        if known {
+            // SAFETY: a device ordinal the runtime reported current on this thread.
+            unsafe { sys::cudaSetDevice(before) };
         }
     }
 }

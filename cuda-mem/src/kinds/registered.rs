@@ -309,12 +309,11 @@ impl<T: Pod> Drop for End<'_, '_, T> {
             // impossible. Abort, as `scope` does, rather than let DMA hit freed memory. (Drop
             // never panics: a panic here could itself unwind into the owner's code.)
             if !e.is_sticky() {
-                eprintln!(
-                    "cuda_mem::RegisteredSlice::register: cannot wait for asynchronous work on \
-                     the registered memory ({e}); aborting rather than hand the memory back \
-                     while it may be in use"
+                crate::error::abort_in_use(
+                    "cuda_mem::RegisteredSlice::register",
+                    "the registered memory",
+                    e,
                 );
-                std::process::abort();
             }
         }
         // No work can use the range any more (waited, or the context is gone).

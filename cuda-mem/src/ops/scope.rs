@@ -79,11 +79,7 @@ pub fn scope<'env, R>(
         fn drop(&mut self) {
             if let Err(e) = self.0.fence.host_wait(Access::Write) {
                 if !e.is_sticky() {
-                    eprintln!(
-                        "cuda_mem::scope: cannot wait for asynchronous work on borrowed memory \
-                         ({e}); aborting rather than hand the memory back while it may be in use"
-                    );
-                    std::process::abort();
+                    crate::error::abort_in_use("cuda_mem::scope", "borrowed memory", &e);
                 }
             }
         }

@@ -619,11 +619,11 @@ fn run_part(sh: &Shared, job: &Job, w: usize, lanes: &mut HashMap<i32, Lane>) ->
         // sticky error the context is gone, and with it every copy: report it. Otherwise the
         // caller's borrow must not end while a copy may run: abort (as `scope` does).
         if !e.is_sticky() {
-            eprintln!(
-                "cuda_mem::Stager: cannot wait for a staged copy ({e}); aborting rather than \
-                 hand the caller's memory back while a copy may still use it"
+            crate::error::abort_in_use(
+                "cuda_mem::Stager",
+                "a staged copy of the caller's memory",
+                e,
             );
-            std::process::abort();
         }
         // Leak the staging buffers rather than reuse them.
         bufs.into_iter().for_each(std::mem::forget);
