@@ -507,11 +507,17 @@ pub fn check(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()
     })
 }
 
-/// Ends the process after `error`, a failed wait for GPU work on memory that is about to go
-/// back to an owner who may free or reuse it (a borrowed slice: nothing can leak it): `who`
-/// and the error go to stderr first. The message is written without `eprintln!`, which panics
-/// when stderr is a closed pipe: a panic here would hand the memory back after all.
-pub(crate) fn abort_in_use(who: &str, what: &str, error: &Error) -> ! {
+/// After `waited`, a wait for GPU work on memory about to go back to an owner who may free or
+/// reuse it (a borrowed slice: nothing can leak it): ends the process when the wait failed
+/// with an error after which the work may still run. A sticky error ends all work with the
+/// context, so it returns (the caller reports it). `who` and the error go to stderr first,
+/// written without `eprintln!`, which panics when stderr is a closed pipe: a panic here would
+/// hand the memory back after all.
+pub(crate) fn abort_if_still_in_use(who: &str, what: &str, waited: &Result<()>) {
+    let Err(error) = waited else { return };
+    if error.is_sticky() {
+        return;
+    }
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr(),

@@ -226,6 +226,20 @@ mod tests {
         Ok(())
     }
 
+    /// A failure while `countdown` is above zero (counting it down), else a counted call.
+    fn fail_or_call(countdown: &'static std::thread::LocalKey<Cell<u32>>) -> Result<(), ()> {
+        let fail = countdown.with(|f| {
+            let n = f.get();
+            f.set(n.saturating_sub(1));
+            n > 0
+        });
+        if fail {
+            Err(())
+        } else {
+            call()
+        }
+    }
+
     impl Backend for Counting {
         type Stream = Arc<u32>;
         type Event = ();
@@ -234,16 +248,7 @@ mod tests {
             a == b
         }
         fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
-            let fail = FAIL_RECORDS.with(|f| {
-                let n = f.get();
-                f.set(n.saturating_sub(1));
-                n > 0
-            });
-            if fail {
-                Err(())
-            } else {
-                call()
-            }
+            fail_or_call(&FAIL_RECORDS)
         }
         fn wait(_: &Arc<u32>, _: &()) -> Result<(), ()> {
             call()
@@ -253,16 +258,7 @@ mod tests {
         }
         fn sync_event(_: &()) -> Result<(), ()> {
             EVENT_SYNCS.with(|c| c.set(c.get() + 1));
-            let fail = FAIL_EVENT_SYNCS.with(|f| {
-                let n = f.get();
-                f.set(n.saturating_sub(1));
-                n > 0
-            });
-            if fail {
-                Err(())
-            } else {
-                call()
-            }
+            fail_or_call(&FAIL_EVENT_SYNCS)
         }
         fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
             call()

@@ -68,9 +68,10 @@ impl StreamInner {
     /// per-thread stream is refused ([`check_current`](Self::check_current)).
     #[inline]
     pub(crate) fn raw(&self) -> sys::cudaStream_t {
-        match self.thread {
-            Some(t) if t != thread::current().id() => LEGACY_HANDLE as sys::cudaStream_t,
-            _ => self.raw,
+        if self.is_foreign_per_thread() {
+            LEGACY_HANDLE as sys::cudaStream_t
+        } else {
+            self.raw
         }
     }
 

@@ -61,6 +61,14 @@ unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
 
 impl_buffer!(DeviceBuffer, Loc::Device, "The device address.", pooled);
 
+/// Frees an allocation of `cudaMalloc` or `cudaMallocManaged` that [`Layout::place`] refused.
+pub(crate) fn free_refused(p: NonNull<std::os::raw::c_void>) -> Result<()> {
+    // SAFETY: the allocation just made, refused before anything used it.
+    check(unsafe { sys::cudaFree(p.as_ptr()) }, || {
+        format!("cudaFree({p:p})")
+    })
+}
+
 impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` elements on the current device, contents unspecified (`cudaMalloc`).
     ///
@@ -150,12 +158,7 @@ impl<T: Pod> DeviceBuffer<T> {
         // SAFETY: `raw` is a valid out-pointer; `bytes` is non-zero and fits in isize.
         let code = unsafe { sys::cudaMalloc(&mut raw, bytes) };
         check(code, || format!("cudaMalloc({})", fmt_bytes(bytes)))?;
-        let ptr = layout.place(raw, "cudaMalloc", |p| {
-            // SAFETY: the allocation just made, refused before anything used it.
-            check(unsafe { sys::cudaFree(p.as_ptr()) }, || {
-                format!("cudaFree({p:p})")
-            })
-        })?;
+        let ptr = layout.place(raw, "cudaMalloc", free_refused)?;
         Ok(Self::adopt(ptr, len))
     }
 

@@ -318,12 +318,7 @@ impl<T: Pod> ManagedBuffer<T> {
         check(code, || {
             format!("cudaMallocManaged({}, {attach:?})", fmt_bytes(bytes))
         })?;
-        let ptr = layout.place(raw, "cudaMallocManaged", |p| {
-            // SAFETY: the allocation just made, refused before anything used it.
-            check(unsafe { sys::cudaFree(p.as_ptr()) }, || {
-                format!("cudaFree({p:p})")
-            })
-        })?;
+        let ptr = layout.place(raw, "cudaMallocManaged", crate::kinds::device::free_refused)?;
         let buf = Self::adopt(ptr, len, dev.ordinal(), concurrent_access, attach);
         Ok(buf)
     }

@@ -267,23 +267,6 @@ impl<T: Pod> RegisteredSlice<'_, T> {
         ended?;
         Ok(value)
     }
-
-    /// Waits for all pending work recorded on the registration.
-    pub fn synchronize(&self) -> Result<()> {
-        self.fence.host_wait(Access::Write)
-    }
-
-    /// The contents, after waiting for recorded GPU work that writes them.
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.fence.host_wait(Access::Read)?;
-        Ok(self.reg.slice())
-    }
-
-    /// The contents, writable, after waiting for all recorded GPU work.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait_mut(Access::Write)?;
-        Ok(self.reg.slice_mut())
-    }
 }
 
 /// The end of a [`RegisteredSlice::register`] call's registration, on its drop: after the
@@ -301,21 +284,14 @@ impl<T: Pod> Drop for End<'_, '_, T> {
         // Exclusive: the closure is over, so no guard can still be queueing (the count of
         // any it leaked with `mem::forget` is dropped, and the wait covers every mark).
         let waited = s.fence.host_wait_mut(Access::Write);
-        if let Err(e) = &waited {
-            // A sticky error ends all work with the context: nothing can still use the pages.
-            // Any other failure leaves the work possibly running, on memory about to go back
-            // to its owner, who may free or reuse it at once (the borrow ends with
-            // `register`): there is no safe way on, and leaking a borrowed slice is
-            // impossible. Abort, as `scope` does, rather than let DMA hit freed memory. (Drop
-            // never panics: a panic here could itself unwind into the owner's code.)
-            if !e.is_sticky() {
-                crate::error::abort_in_use(
-                    "cuda_mem::RegisteredSlice::register",
-                    "the registered memory",
-                    e,
-                );
-            }
-        }
+        // A failure that leaves the work possibly running, on memory about to go back to its
+        // owner (the borrow ends with `register`), has no safe way on, and a borrowed slice
+        // cannot be leaked: abort, as `scope` does, rather than let DMA hit freed memory.
+        crate::error::abort_if_still_in_use(
+            "cuda_mem::RegisteredSlice::register",
+            "the registered memory",
+            &waited,
+        );
         // No work can use the range any more (waited, or the context is gone).
         let unregistered = s.reg.unregister();
         *self.ended = waited.and(unregistered);
@@ -439,23 +415,6 @@ impl<T: Pod> RegisteredVec<T> {
         }
     }
 
-    /// Waits for all pending work recorded on this buffer.
-    pub fn synchronize(&self) -> Result<()> {
-        self.fence.host_wait(Access::Write)
-    }
-
-    /// The contents, after waiting for recorded GPU work that writes them.
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.fence.host_wait(Access::Read)?;
-        Ok(self.reg.slice())
-    }
-
-    /// The contents, writable, after waiting for all recorded GPU work.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait_mut(Access::Write)?;
-        Ok(self.reg.slice_mut())
-    }
-
     /// The host address, writable. Writing through it while GPU work on the buffer is pending
     /// is the caller's responsibility.
     pub fn as_mut_ptr(&mut self) -> *mut T {
@@ -503,6 +462,23 @@ macro_rules! impl_registered_memory {
             /// Size in bytes.
             pub fn byte_len(&self) -> usize {
                 self.reg.len * std::mem::size_of::<T>()
+            }
+
+            /// Waits for all pending work recorded on the registered memory.
+            pub fn synchronize(&self) -> Result<()> {
+                self.fence.host_wait(Access::Write)
+            }
+
+            /// The contents, after waiting for recorded GPU work that writes them.
+            pub fn as_slice(&self) -> Result<&[T]> {
+                self.fence.host_wait(Access::Read)?;
+                Ok(self.reg.slice())
+            }
+
+            /// The contents, writable, after waiting for all recorded GPU work.
+            pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
+                self.fence.host_wait_mut(Access::Write)?;
+                Ok(self.reg.slice_mut())
             }
         }
 

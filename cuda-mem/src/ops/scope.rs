@@ -77,11 +77,8 @@ pub fn scope<'env, R>(
     struct Finish<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
     impl Drop for Finish<'_, '_, '_> {
         fn drop(&mut self) {
-            if let Err(e) = self.0.fence.host_wait(Access::Write) {
-                if !e.is_sticky() {
-                    crate::error::abort_in_use("cuda_mem::scope", "borrowed memory", &e);
-                }
-            }
+            let waited = self.0.fence.host_wait(Access::Write);
+            crate::error::abort_if_still_in_use("cuda_mem::scope", "borrowed memory", &waited);
         }
     }
     let guard = Finish(&s);

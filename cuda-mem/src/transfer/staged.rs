@@ -449,12 +449,7 @@ where
 {
     match Stager::global() {
         Some(s) => s.copy(dst, src),
-        None => {
-            // The driver's path (no stager).
-            size::same_len(dst.raw_len(), src.raw_len())?;
-            let plan = Plan::new(dst, 0, src, 0, src.raw_len())?;
-            copy::copy_planned(dst, src, plan)
-        }
+        None => super::copy(dst, src), // the driver's path (no stager)
     }
 }
 
@@ -614,17 +609,15 @@ fn run_part(sh: &Shared, job: &Job, w: usize, lanes: &mut HashMap<i32, Lane>) ->
     let synced = check(unsafe { sys::cudaStreamSynchronize(lane.stream) }, || {
         "cudaStreamSynchronize(staging stream)".into()
     });
-    if let Err(e) = &synced {
+    if synced.is_err() {
         // A copy may still use the staging buffers and the caller's device memory. After a
         // sticky error the context is gone, and with it every copy: report it. Otherwise the
         // caller's borrow must not end while a copy may run: abort (as `scope` does).
-        if !e.is_sticky() {
-            crate::error::abort_in_use(
-                "cuda_mem::Stager",
-                "a staged copy of the caller's memory",
-                e,
-            );
-        }
+        crate::error::abort_if_still_in_use(
+            "cuda_mem::Stager",
+            "a staged copy of the caller's memory",
+            &synced,
+        );
         // Leak the staging buffers rather than reuse them.
         bufs.into_iter().for_each(std::mem::forget);
     }
