@@ -107,7 +107,7 @@ impl Fence {
     ) -> Result<Use<'a>> {
         stream
             .inner()
-            .check_current("queueing work on a legacy default stream")?;
+            .check_current("queueing work on a default stream (legacy or per-thread)")?;
         self.core.begin(stream.inner(), bytes, access)?;
         Ok(Use { fence: self })
     }
