@@ -97,6 +97,9 @@ enum Made {
     Mapped {
         map_len: usize,
     },
+    /// Ordinary heap memory standing in for pinned memory, for the pool's tests without a GPU.
+    #[cfg(test)]
+    Heap,
 }
 
 /// One allocation of pinned host memory, every byte initialised (zeroed when made). Freed
@@ -157,6 +160,23 @@ impl Block {
         }
     }
 
+    /// `bytes` (non-zero) of zeroed heap memory standing in for a pinned block, for the pool's
+    /// tests without a GPU: 4096-aligned as `cudaHostAlloc`'s blocks, given back to the heap
+    /// by [`free`](Self::free). Always succeeds (an allocation failure aborts, as for `Vec`).
+    #[cfg(test)]
+    pub(crate) fn heap(bytes: usize) -> Block {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 4096)
+            .unwrap_or_else(|_| std::alloc::Layout::new::<u8>());
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Block {
+            ptr,
+            bytes,
+            made: Made::Heap,
+        }
+    }
+
     /// Whether the block was made by mapping and registering.
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(self.made, Made::Mapped { .. })
@@ -182,6 +202,15 @@ impl Block {
                     format!("cudaHostUnregister({p:p})")
                 })?;
                 unmap(p, map_len);
+                Ok(())
+            }
+            #[cfg(test)]
+            Made::Heap => {
+                let layout = std::alloc::Layout::from_size_align(self.bytes.max(1), 4096)
+                    .unwrap_or_else(|_| std::alloc::Layout::new::<u8>());
+                // SAFETY: made by `Block::heap` with this layout; consumed here, never used
+                // again.
+                unsafe { std::alloc::dealloc(p, layout) };
                 Ok(())
             }
         }
