@@ -6,8 +6,9 @@
 //!   (`cudaMemcpy` from the same `Vec`), at every copy size; ratio = driver time / ours.
 //! - `staged_sweep`: the stager at 256 MiB over threads × chunk size × depth × store kind,
 //!   against the driver, to choose the defaults.
-//! - `pool`: [`PinnedPool`] allocation + free (cached), median and p99 on one thread, and the
-//!   per-pair time with 2–16 threads at once; reference `cudaHostAlloc` + `cudaFreeHost`.
+//! - `pool`: [`PinnedPool`] allocation + free (cached), median and p99 on one thread;
+//!   reference `cudaHostAlloc` + `cudaFreeHost`. `pool_threads`: the per-pair time per thread
+//!   with 1–16 threads at once ([`super::pools::pinned_pool_threads`]).
 //! - `host_pool`: pinned memory from a host-location `MemPool` (issue 11), alloc + free +
 //!   synchronize, for comparison with the pinned pool.
 //! - `cold_pin`: making a pinned buffer of 256 MiB and 1 GiB: `cudaHostAlloc` (reference)
@@ -165,39 +166,12 @@ fn pool(res: &mut BenchResults, cfg: &Config) -> Result<()> {
             [p99, rmed, rmed / p99],
         );
     }
-    for threads in [2usize, 4, 8, 16] {
-        let n = 20_000;
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| {
-                    for _ in 0..n {
-                        let _ = pool.alloc::<u8>(4096, HostAllocFlags::DEFAULT);
-                    }
-                });
-            }
-        });
-        let per = start.elapsed().as_secs_f64() * 1e6 / n as f64; // µs per pair per thread
-        let one = res
-            .host
-            .iter()
-            .find(|h| h.test == "pool" && h.bytes == 4096 && h.config == "threads=1 median")
-            .map_or(f64::NAN, |h| h.ours);
-        row(
-            res,
-            "pool_threads",
-            format!("threads={threads}"),
-            4096,
-            "us",
-            [per, one, one / per],
-        );
-    }
     let st = pool.stats();
     progress(&format!(
         "  pool stats: {st} ({:?} in the driver)",
         st.driver_time
     ));
-    Ok(())
+    super::pools::pinned_pool_threads(res, cfg.quick)
 }
 
 fn host_pool(ctx: &Ctx, res: &mut BenchResults, cfg: &Config) -> Result<()> {

@@ -24,17 +24,23 @@
 //! Copy rows of kind `host_pool`: `copy_async` from and to host-pool memory; their "raw"
 //! column is the same `copy_async` with `cudaHostAlloc` memory, so the ratio is host pool /
 //! `cudaHostAlloc` bandwidth.
+//!
+//! The pinned pool's scaling with threads ([`pinned_pool_threads`], called by the host
+//! section, whose rows they are): `pool_threads`, a cached [`PinnedPool`] allocation + free,
+//! µs per pair per thread at 1, 2, 4, 8 and 16 threads allocating at once (issue 21 target:
+//! ≤ 0.3 µs up to 16 threads), for a pool of its own and for the global pool.
 
 use std::os::raw::c_void;
+use std::sync::Barrier;
 use std::time::Instant;
 
 use cuda_mem::{copy_async, copy_range, sys, DeviceBuffer, HostAllocFlags, MemPool, PinnedBuffer};
-use cuda_mem::{Result, Stream};
+use cuda_mem::{PinnedPool, Result, Stream};
 
 use super::alloc::record;
 use super::{attempt, copies, progress, raw, reps_for, sample_pairs, Config, Ctx, Order, Paired};
-use crate::results::BenchResults;
-use crate::units::{fmt_size, MIB};
+use crate::results::{BenchResults, HostRow};
+use crate::units::{fmt_size, median, MIB};
 
 /// The allocation kinds measured here.
 pub const KINDS: [&str; 5] = [
@@ -312,5 +318,84 @@ fn host_pool_copies(
         got,
         0x4F4F,
     ));
+    Ok(())
+}
+
+/// Thread counts of the `pool_threads` rows.
+pub const POOL_THREADS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// µs per cached allocation + free of `bytes` on each of `threads` threads at once: each
+/// thread makes its first block (a miss) and waits for the others, then times `pairs` pairs.
+/// Returns the per-thread figures.
+fn pairs_per_thread(
+    pool: &PinnedPool,
+    threads: usize,
+    bytes: usize,
+    pairs: u32,
+) -> Result<Vec<f64>> {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<f64> {
+                    let first = pool.alloc::<u8>(bytes, HostAllocFlags::DEFAULT);
+                    drop(first);
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..pairs {
+                        let b = pool.alloc::<u8>(bytes, HostAllocFlags::DEFAULT)?;
+                        drop(std::hint::black_box(b));
+                    }
+                    Ok(t.elapsed().as_secs_f64() * 1e6 / f64::from(pairs))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Ok(f64::NAN)))
+            .collect()
+    })
+}
+
+/// The `pool_threads` rows: a cached 4 KiB allocation + free on 1..16 threads at once, µs per
+/// pair per thread (the median over the threads; reference: the one-thread figure of the same
+/// pool, measured just before; ratio = reference / ours, 1 = perfect scaling). Issue 21's
+/// target is ≤ 0.3 µs at every count.
+pub fn pinned_pool_threads(res: &mut BenchResults, quick: bool) -> Result<()> {
+    let pairs = if quick { 20_000 } else { 100_000 };
+    let own = PinnedPool::new(cuda_mem::PinnedPoolConfig::default());
+    for (name, pool) in [("own pool", &own), ("global pool", PinnedPool::global())] {
+        progress(&format!("pinned pool: alloc + free per thread, {name}"));
+        let mut one = f64::NAN;
+        for threads in POOL_THREADS {
+            // Three rounds; the median of the per-thread medians.
+            let mut rounds = Vec::new();
+            let mut worst = 0f64;
+            for _ in 0..3 {
+                let per = pairs_per_thread(pool, threads, 4096, pairs)?;
+                worst = per.iter().copied().fold(worst, f64::max);
+                rounds.push(median(&per));
+            }
+            let us = median(&rounds);
+            if threads == 1 {
+                one = us;
+            }
+            let config = format!("threads={threads} {name}");
+            progress(&format!(
+                "  pool_threads {config}: {us:.3} us per pair per thread (slowest thread \
+                 {worst:.3}; target <= 0.3)"
+            ));
+            res.host.push(HostRow {
+                test: "pool_threads",
+                config,
+                bytes: 4096,
+                unit: "us",
+                ours: us,
+                reference: one,
+                ratio: one / us,
+            });
+        }
+        let st = pool.stats();
+        progress(&format!("  {name} stats: {st}"));
+    }
     Ok(())
 }

@@ -22,6 +22,7 @@ mod misuse;
 mod multi_gpu;
 mod pinned;
 mod pool;
+mod pool_threads;
 mod readme;
 mod readme_snippets;
 mod registered;
