@@ -89,5 +89,8 @@ pub use ops::view::{Slice, View, ViewMut};
 pub use transfer::peer::{
     copy_peer, copy_peer_async, copy_peer_range, copy_peer_range_async, StagedCopy,
 };
-pub use transfer::staged::{copy_staged, set_auto_staging, Stager, StagingConfig};
+pub use transfer::staged::{
+    copy_staged, set_auto_staging, set_staged_config, staged_config, Calibration, CalibrationPoint,
+    ConfigSource, DirectionConfig, StagedSetup, Stager, StagingConfig,
+};
 pub use transfer::{copy, copy_range};

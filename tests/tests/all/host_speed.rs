@@ -6,9 +6,9 @@
 use std::time::Instant;
 
 use cuda_mem::{
-    copy, copy_async, copy_range, copy_staged, pointer_info, DeviceBuffer, ErrorCode,
-    HostAllocFlags as F, Misuse, PinStrategy, PinnedBuffer, PinnedPool, PinnedPoolConfig,
-    PointerKind, Slice as _, Stager, StagingConfig, Stream,
+    copy, copy_async, copy_range, copy_staged, pointer_info, DeviceBuffer, DirectionConfig,
+    ErrorCode, HostAllocFlags as F, Misuse, PinStrategy, PinnedBuffer, PinnedPool,
+    PinnedPoolConfig, PointerKind, Slice as _, Stager, StagingConfig, Stream,
 };
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::gpu_or_skip;
@@ -196,8 +196,14 @@ fn small_stager(pool: &PinnedPool) -> Stager {
             min_chunk_bytes: 64 << 10,
             chunks_per_thread: 4,
             depth: 2,
-            min_bytes: 0,
-            nt_stores: true,
+            to_device: DirectionConfig {
+                min_bytes: 0,
+                nt_stores: true,
+            },
+            to_host: DirectionConfig {
+                min_bytes: 0,
+                nt_stores: true,
+            },
         },
         pool.clone(),
     )

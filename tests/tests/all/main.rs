@@ -28,6 +28,7 @@ mod readme_snippets;
 mod registered;
 mod review;
 mod soundness;
+mod staged;
 mod views;
 
 use std::time::Duration;
