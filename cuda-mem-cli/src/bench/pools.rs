@@ -351,7 +351,7 @@ fn pairs_per_thread(
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Ok(f64::NAN)))
+            .map(|h| h.join().unwrap_or(Ok(f64::NAN)))
             .collect()
     })
 }

@@ -84,7 +84,9 @@ impl PinStrategy {
                     && cfg!(target_os = "linux") =>
             {
                 PinStrategy::MapRegister {
-                    threads: bytes.div_ceil(AUTO_BYTES_PER_THREAD).min(default_pin_threads()),
+                    threads: bytes
+                        .div_ceil(AUTO_BYTES_PER_THREAD)
+                        .min(default_pin_threads()),
                     huge_pages: true,
                 }
             }
