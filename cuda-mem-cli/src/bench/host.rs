@@ -11,6 +11,8 @@
 //! - `staged_vs_{driver,pinned,memcpy}`: at 2 MiB, 64 MiB, 256 MiB and 1 GiB, the process-wide
 //!   stager against the driver's pageable copy and against a pinned buffer's copy, interleaved
 //!   in one loop, and against the all-core memcpy ceiling (issue 21's targets).
+//! - `staged_large_store_kind`: the store kind the process-wide stager chose for each size
+//!   class of large copies by trying both on the first ones (reference: the other kind).
 //! - `staged_sweep`: staged copies of 16 MiB to 1 GiB over threads × largest chunk × chunks
 //!   per thread × store kind × depth, against the driver.
 //! - `pool`: [`PinnedPool`] allocation + free (cached), median and p99 on one thread;
@@ -588,6 +590,24 @@ fn staged(res: &mut BenchResults, cfg: &Config, cores: usize) -> Result<()> {
     // pinned memory, at 2 MiB, 64 MiB, 256 MiB and 1 GiB, interleaved in one loop; and against
     // the memcpy ceiling measured at the start of the section.
     staged_against_pinned(res, cfg, global, &src, &mut back, &mut dev)?;
+    // The store kinds the process-wide stager chose for large copies, trying both on the
+    // first ones (ours: the chosen kind's GB/s in its trials; reference: the other kind's).
+    for c in cuda_mem::staged_config()?.large_copies {
+        let dir = if c.to_device { "h2d" } else { "d2h" };
+        let (chosen, other) = if c.nt_stores {
+            (c.gbps_nt, c.gbps_plain)
+        } else {
+            (c.gbps_plain, c.gbps_nt)
+        };
+        row(
+            res,
+            "staged_large_store_kind",
+            format!("{dir} nt={}", c.nt_stores),
+            c.from_bytes as u64,
+            "GB/s",
+            [chosen, other, chosen / other],
+        );
+    }
 
     set_auto_staging(true);
     // Data check of the staged path at the largest size.

@@ -412,7 +412,9 @@ impl<E: GpuEvent> Core<E> {
             if !cs.detached && key.class <= cs.reserve {
                 cs.st.give_back(key, block, events);
                 if cs.st.c.cached > cs.reserve as i64 {
-                    self.flush(&mut cs);
+                    let r = self.flush(&mut cs);
+                    drop(cs);
+                    self.release(r);
                 }
                 return;
             }
@@ -426,8 +428,9 @@ impl<E: GpuEvent> Core<E> {
     }
 
     /// Moves a cache over its reservation down to half of it: its largest free blocks, then
-    /// (if still over) its oldest pending blocks, to the depot, in one batch.
-    fn flush(&self, cs: &mut CacheState<E>) {
+    /// (if still over) its oldest pending blocks, to the depot, in one batch. Returns what the
+    /// depot gives up in turn, to release once the cache's lock is dropped.
+    fn flush(&self, cs: &mut CacheState<E>) -> Release<E> {
         if !cs.st.pending.is_empty() {
             cs.st.poll(E::done);
         }
@@ -439,17 +442,14 @@ impl<E: GpuEvent> Core<E> {
             cs.st.c.cached -= p.key.class as i64;
             pending.push(p);
         }
-        let r = {
-            let mut d = lock(&self.depot);
-            for (k, b) in shed {
-                d.st.put_free(k, b);
-            }
-            for p in pending {
-                d.st.put_pending(p);
-            }
-            self.settle(&mut d)
-        };
-        self.release(r);
+        let mut d = lock(&self.depot);
+        for (k, b) in shed {
+            d.st.put_free(k, b);
+        }
+        for p in pending {
+            d.st.put_pending(p);
+        }
+        self.settle(&mut d)
     }
 
     /// What the depot must give up: past its share of the bound, its largest free blocks;

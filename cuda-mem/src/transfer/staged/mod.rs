@@ -27,8 +27,9 @@
 //! [`Stager::global`] (which [`copy`](crate::copy) and [`copy_staged`] use) does not trust
 //! constants tuned on one machine: the first time it is needed it measures, on scratch memory
 //! of its own and in some tens of milliseconds, the threshold of each direction, the chunk
-//! size, the worker count and the store kind of each direction (`calibrate.rs`). What it
-//! chose, and why, is [`staged_config`]. Overrides, strongest first:
+//! size, the worker count and the store kind of each direction (`calibrate.rs`); the store
+//! kind of copies from 64 MiB up, which copies of 16 MiB do not predict, it tries on the first
+//! such copies (`tune.rs`). What it chose, and why, is [`staged_config`]. Overrides, strongest first:
 //! [`set_staged_config`] (any time), then the `CUDA_MEM_STAGED_*` environment variables read
 //! at start (`THREADS`, `CHUNK`, `MIN_CHUNK`, `DEPTH`, `MIN_BYTES`, `MIN_BYTES_H2D`,
 //! `MIN_BYTES_D2H`, `NT`, `NT_H2D`, `NT_D2H`; `CALIBRATE=0` measures nothing and keeps
@@ -43,6 +44,7 @@ mod calibrate;
 mod config;
 mod memcpy;
 mod pipeline;
+mod tune;
 mod workers;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -52,6 +54,7 @@ use bytemuck::Pod;
 
 pub use self::calibrate::{Calibration, CalibrationPoint};
 pub use self::config::{DirectionConfig, StagingConfig};
+pub use self::tune::LargeCopyChoice;
 pub use self::workers::Stager;
 #[cfg(feature = "measure")]
 pub(crate) use memcpy::host_copy;
@@ -112,6 +115,10 @@ pub struct StagedSetup {
     pub workers: usize,
     /// The measurements, where calibration ran (kept after an override).
     pub calibration: Option<Calibration>,
+    /// The store kinds chosen so far for copies from 64 MiB up, tried on the first ones of
+    /// each size class where calibration chose the store kinds (not after an override, nor
+    /// for a direction whose store kind the environment sets).
+    pub large_copies: Vec<LargeCopyChoice>,
 }
 
 impl std::fmt::Display for StagedSetup {
@@ -140,6 +147,17 @@ impl std::fmt::Display for StagedSetup {
         )?;
         if !self.env.is_empty() {
             write!(f, "; environment: {}", self.env.join(" "))?;
+        }
+        for c in &self.large_copies {
+            write!(
+                f,
+                "; {} from {}: nt {} ({:.1} GB/s nt, {:.1} plain)",
+                if c.to_device { "h2d" } else { "d2h" },
+                fmt_bytes(c.from_bytes),
+                c.nt_stores,
+                c.gbps_nt,
+                c.gbps_plain
+            )?;
         }
         Ok(())
     }
@@ -198,6 +216,9 @@ fn start() -> Result<Global> {
         }
     };
     stager.set_config(config)?;
+    if source == ConfigSource::Calibrated {
+        stager.tune_large_copies(fixed.nt);
+    }
     publish_thresholds(&config);
     Ok(Global {
         setup: Mutex::new(StagedSetup {
@@ -206,6 +227,7 @@ fn start() -> Result<Global> {
             env,
             workers: stager.workers(),
             calibration,
+            large_copies: Vec::new(),
         }),
         stager,
     })
@@ -224,7 +246,10 @@ fn publish_thresholds(c: &StagingConfig) {
 /// `CUDA_MEM_STAGED_*` variable whose value is invalid; [`Error::Os`] where the worker
 /// threads could not be started.
 pub fn staged_config() -> Result<StagedSetup> {
-    Ok(lock(&global()?.setup).clone())
+    let g = global()?;
+    let mut s = lock(&g.setup).clone();
+    s.large_copies = g.stager.large_copy_choices();
+    Ok(s)
 }
 
 /// Makes the process-wide stager use `config` instead of what it measured (or will): at

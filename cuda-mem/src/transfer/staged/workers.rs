@@ -3,13 +3,15 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use bytemuck::Pod;
 
 use super::config::StagingConfig;
 use super::pipeline::{run_part, Job, JobParams, Lanes, PartDone};
+use super::tune::{LargeCopyChoice, Tuner};
 use super::{is_pageable, Dir};
 use crate::alloc::pinned_pool::PinnedPool;
 use crate::contract::memory::{sealed, Memory, MemoryMut};
@@ -36,6 +38,8 @@ struct Shared {
     pool: PinnedPool,
     /// The worker the next job starts at, so that small concurrent copies spread out.
     next: AtomicUsize,
+    /// The store kind of large copies, tried on the first ones (the process-wide stager).
+    tune: OnceLock<Tuner>,
 }
 
 /// Staging workers kept alive between copies. Each copy between pageable host memory and
@@ -90,6 +94,7 @@ impl Stager {
             config: Mutex::new(config),
             pool,
             next: AtomicUsize::new(0),
+            tune: OnceLock::new(),
         });
         let mut stager = Stager {
             shared: shared.clone(),
@@ -145,7 +150,21 @@ impl Stager {
             .into());
         }
         *self.shared.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+        if let Some(t) = self.shared.tune.get() {
+            t.off();
+        }
         Ok(())
+    }
+
+    /// Tries both store kinds on the first large copies, except for the directions `fixed`
+    /// (`tune.rs`); until [`set_config`](Self::set_config).
+    pub(super) fn tune_large_copies(&self, fixed: [bool; 2]) {
+        let _ = self.shared.tune.set(Tuner::new(fixed));
+    }
+
+    /// The store kinds chosen for large copies so far.
+    pub(super) fn large_copy_choices(&self) -> Vec<LargeCopyChoice> {
+        self.shared.tune.get().map_or_else(Vec::new, Tuner::choices)
     }
 
     /// Copies all of `src` into `dst`, staged where one side is pageable host memory and the
@@ -230,7 +249,14 @@ impl Stager {
             Dir::ToHost => (s, d),
         };
         let device = device.unwrap_or_else(current_ordinal);
-        let p = self.params(cfg, dir, device, dev, host, bytes);
+        let mut p = self.params(cfg, dir, device, dev, host, bytes);
+        let configured = p.nt;
+        let tune = self.shared.tune.get();
+        let mut trial = None;
+        if let Some(t) = tune {
+            (p.nt, trial) = t.choose(dir, bytes, configured);
+            t.start(&mut trial);
+        }
         #[allow(unused_mut)]
         let mut job = Job::new(p);
         #[cfg(feature = "testing")]
@@ -239,7 +265,12 @@ impl Stager {
         }
         // Every worker's part ends (`PartDone`) only after its copies have completed and it no
         // longer touches either side: the borrows of `dst` and `src` outlive them.
-        self.run(job)
+        let t0 = Instant::now();
+        let r = self.run(job);
+        if let Some(t) = tune {
+            t.end(trial, t0.elapsed().as_secs_f64(), r.is_ok(), configured);
+        }
+        r
     }
 
     /// How `cfg` cuts a copy of `bytes` in direction `dir` between device address `dev` on
