@@ -38,6 +38,7 @@ use super::Dir;
 use crate::contract::size::fmt_bytes;
 use crate::error::{check, Result};
 use crate::handles::devices::Device;
+use crate::handles::stream::Stream;
 
 /// What calibration measured, and how long it took.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -89,38 +90,53 @@ struct Scratch {
     dev: *mut c_void,
     host: Vec<u8>,
     device: i32,
+    /// The stream of a stream-ordered allocation, where it is freed; `None` for `cudaMalloc`.
+    ordered: Option<Stream>,
 }
 
 impl Scratch {
-    fn new(device: i32, bytes: usize) -> Result<Scratch> {
+    /// The scratch memory, allocated in `stream`'s order where the device has memory pools
+    /// (`cudaMalloc` else) and the device side zeroed on `stream`: not on the legacy stream,
+    /// and not freed by `cudaFree`, both of which would wait for the application's work on
+    /// the device.
+    fn new(device: i32, bytes: usize, stream: &Stream) -> Result<Scratch> {
         let _g = Device::from_ordinal_unchecked(device).guard()?;
         let mut dev = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; `bytes` is non-zero.
-        check(unsafe { sys::cudaMalloc(&mut dev, bytes) }, || {
-            format!("cudaMalloc({}) (staged-copy calibration)", fmt_bytes(bytes))
-        })?;
+        // SAFETY: a valid out-pointer; `bytes` is non-zero; the stream is alive.
+        let ordered = unsafe { sys::cudaMallocAsync(&mut dev, bytes, stream.as_raw()) };
+        let ordered = check(ordered, || "cudaMallocAsync".into()).is_ok();
+        if !ordered {
+            // SAFETY: as above.
+            check(unsafe { sys::cudaMalloc(&mut dev, bytes) }, || {
+                format!("cudaMalloc({}) (staged-copy calibration)", fmt_bytes(bytes))
+            })?;
+        }
         let scratch = Scratch {
             dev,
             host: vec![0x5a; bytes],
             device,
+            ordered: ordered.then(|| Stream::from_inner(stream.inner().clone())),
         };
-        // SAFETY: `dev` holds `bytes` bytes; nothing else uses it.
-        check(unsafe { sys::cudaMemset(dev, 0, bytes) }, || {
-            "cudaMemset (staged-copy calibration)".into()
-        })?;
-        // SAFETY: a plain runtime call.
-        check(unsafe { sys::cudaDeviceSynchronize() }, || {
-            "cudaDeviceSynchronize (staged-copy calibration)".into()
-        })?;
+        // SAFETY: `dev` holds `bytes` bytes (allocated on this stream, or already); nothing
+        // else uses it; the stream is alive.
+        let code = unsafe { sys::cudaMemsetAsync(dev, 0, bytes, stream.as_raw()) };
+        check(code, || "cudaMemsetAsync (staged-copy calibration)".into())?;
+        stream.synchronize()?;
         Ok(scratch)
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        // SAFETY: allocated by `new`; every copy of it has completed (staged copies and the
-        // driver's copies below return only then). Errors are ignored: drop never panics.
-        unsafe { sys::cudaFree(self.dev) };
+        // SAFETY: allocated by `new`; every copy and memset of it has completed (each is
+        // waited for before the next step), so the free, queued or not, follows them all.
+        // Errors are ignored: drop never panics.
+        unsafe {
+            match &self.ordered {
+                Some(s) => sys::cudaFreeAsync(self.dev, s.as_raw()),
+                None => sys::cudaFree(self.dev),
+            }
+        };
     }
 }
 
@@ -128,6 +144,7 @@ impl Drop for Scratch {
 struct Bench<'a> {
     stager: &'a Stager,
     s: Scratch,
+    stream: Stream,
     points: Vec<CalibrationPoint>,
 }
 
@@ -145,41 +162,30 @@ impl Bench<'_> {
         Ok(t.elapsed().as_secs_f64())
     }
 
-    /// Seconds of the driver's copy of `bytes` of pageable memory, as [`copy`](crate::copy)
-    /// makes it: `cudaMemcpy`, then (host to device, which may return before the copy is
-    /// done) a synchronize of the legacy stream.
+    /// Seconds of the driver's copy of `bytes` of pageable memory (`cudaMemcpyAsync` on a
+    /// non-blocking stream of calibration's own, then a synchronize of that stream: the
+    /// driver's pageable path, as [`copy`](crate::copy) takes it, without waiting behind other
+    /// work on the legacy stream, which would make the driver look slower than it is).
     fn driver(&mut self, dir: Dir, bytes: usize) -> Result<f64> {
-        let _g = Device::from_ordinal_unchecked(self.s.device).guard()?;
         let host = self.s.host.as_mut_ptr().cast::<c_void>();
-        let t = Instant::now();
-        let code = match dir {
-            // SAFETY: both ranges hold `bytes` bytes of this calibration's scratch memory.
-            Dir::ToDevice => unsafe {
-                sys::cudaMemcpy(
-                    self.s.dev,
-                    host,
-                    bytes,
-                    sys::cudaMemcpyKind::cudaMemcpyHostToDevice,
-                )
-            },
-            // SAFETY: as above.
-            Dir::ToHost => unsafe {
-                sys::cudaMemcpy(
-                    host,
-                    self.s.dev,
-                    bytes,
-                    sys::cudaMemcpyKind::cudaMemcpyDeviceToHost,
-                )
-            },
+        let (dst, src, kind) = match dir {
+            Dir::ToDevice => (
+                self.s.dev,
+                host.cast_const(),
+                sys::cudaMemcpyKind::cudaMemcpyHostToDevice,
+            ),
+            Dir::ToHost => (
+                host,
+                self.s.dev.cast_const(),
+                sys::cudaMemcpyKind::cudaMemcpyDeviceToHost,
+            ),
         };
-        check(code, || "cudaMemcpy (staged-copy calibration)".into())?;
-        if dir == Dir::ToDevice {
-            // SAFETY: the legacy stream of the current device.
-            let code = unsafe { sys::cudaStreamSynchronize(std::ptr::null_mut()) };
-            check(code, || {
-                "cudaStreamSynchronize(legacy) (staged-copy calibration)".into()
-            })?;
-        }
+        let t = Instant::now();
+        // SAFETY: both ranges hold `bytes` bytes of this calibration's scratch memory, used
+        // by nothing else until the synchronize below; the stream is alive (`self.stream`).
+        let code = unsafe { sys::cudaMemcpyAsync(dst, src, bytes, kind, self.stream.as_raw()) };
+        check(code, || "cudaMemcpyAsync (staged-copy calibration)".into())?;
+        self.stream.synchronize()?;
         Ok(t.elapsed().as_secs_f64())
     }
 
@@ -249,9 +255,11 @@ pub(super) fn calibrate(
     device: i32,
 ) -> Result<(StagingConfig, Calibration)> {
     let t0 = Instant::now();
+    let stream = Stream::on(Device::from_ordinal_unchecked(device), true)?;
     let mut b = Bench {
         stager,
-        s: Scratch::new(device, PROBE)?,
+        s: Scratch::new(device, PROBE, &stream)?,
+        stream,
         points: Vec::new(),
     };
     let mut cfg = base;
@@ -369,6 +377,7 @@ pub(super) fn calibrate(
         }
         cfg.dir_mut(dir).min_bytes = threshold;
     }
+    drop(b.stream);
     drop(b.s);
     Ok((
         cfg,
