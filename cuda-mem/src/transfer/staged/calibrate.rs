@@ -90,16 +90,19 @@ struct Scratch {
     dev: *mut c_void,
     host: Vec<u8>,
     device: i32,
-    /// The stream of a stream-ordered allocation, where it is freed; `None` for `cudaMalloc`.
-    ordered: Option<Stream>,
+    /// Calibration's own stream (non-blocking).
+    stream: Stream,
+    /// Allocated in `stream`'s order (freed there), else by `cudaMalloc`.
+    ordered: bool,
 }
 
 impl Scratch {
-    /// The scratch memory, allocated in `stream`'s order where the device has memory pools
-    /// (`cudaMalloc` else) and the device side zeroed on `stream`: not on the legacy stream,
-    /// and not freed by `cudaFree`, both of which would wait for the application's work on
-    /// the device.
-    fn new(device: i32, bytes: usize, stream: &Stream) -> Result<Scratch> {
+    /// The scratch memory and a stream of its own, the device side allocated in that
+    /// stream's order where the device has memory pools (`cudaMalloc` else) and zeroed on
+    /// it: not on the legacy stream, and not freed by `cudaFree`, both of which would wait
+    /// for the application's work on the device.
+    fn new(device: i32, bytes: usize) -> Result<Scratch> {
+        let stream = Stream::on(Device::from_ordinal_unchecked(device), true)?;
         let _g = Device::from_ordinal_unchecked(device).guard()?;
         let mut dev = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; `bytes` is non-zero; the stream is alive.
@@ -115,13 +118,14 @@ impl Scratch {
             dev,
             host: vec![0x5a; bytes],
             device,
-            ordered: ordered.then(|| Stream::from_inner(stream.inner().clone())),
+            stream,
+            ordered,
         };
         // SAFETY: `dev` holds `bytes` bytes (allocated on this stream, or already); nothing
         // else uses it; the stream is alive.
-        let code = unsafe { sys::cudaMemsetAsync(dev, 0, bytes, stream.as_raw()) };
+        let code = unsafe { sys::cudaMemsetAsync(dev, 0, bytes, scratch.stream.as_raw()) };
         check(code, || "cudaMemsetAsync (staged-copy calibration)".into())?;
-        stream.synchronize()?;
+        scratch.stream.synchronize()?;
         Ok(scratch)
     }
 }
@@ -132,9 +136,10 @@ impl Drop for Scratch {
         // waited for before the next step), so the free, queued or not, follows them all.
         // Errors are ignored: drop never panics.
         unsafe {
-            match &self.ordered {
-                Some(s) => sys::cudaFreeAsync(self.dev, s.as_raw()),
-                None => sys::cudaFree(self.dev),
+            if self.ordered {
+                sys::cudaFreeAsync(self.dev, self.stream.as_raw())
+            } else {
+                sys::cudaFree(self.dev)
             }
         };
     }
@@ -144,7 +149,6 @@ impl Drop for Scratch {
 struct Bench<'a> {
     stager: &'a Stager,
     s: Scratch,
-    stream: Stream,
     points: Vec<CalibrationPoint>,
 }
 
@@ -182,10 +186,10 @@ impl Bench<'_> {
         };
         let t = Instant::now();
         // SAFETY: both ranges hold `bytes` bytes of this calibration's scratch memory, used
-        // by nothing else until the synchronize below; the stream is alive (`self.stream`).
-        let code = unsafe { sys::cudaMemcpyAsync(dst, src, bytes, kind, self.stream.as_raw()) };
+        // by nothing else until the synchronize below; the stream is alive.
+        let code = unsafe { sys::cudaMemcpyAsync(dst, src, bytes, kind, self.s.stream.as_raw()) };
         check(code, || "cudaMemcpyAsync (staged-copy calibration)".into())?;
-        self.stream.synchronize()?;
+        self.s.stream.synchronize()?;
         Ok(t.elapsed().as_secs_f64())
     }
 
@@ -255,11 +259,9 @@ pub(super) fn calibrate(
     device: i32,
 ) -> Result<(StagingConfig, Calibration)> {
     let t0 = Instant::now();
-    let stream = Stream::on(Device::from_ordinal_unchecked(device), true)?;
     let mut b = Bench {
         stager,
-        s: Scratch::new(device, PROBE, &stream)?,
-        stream,
+        s: Scratch::new(device, PROBE)?,
         points: Vec::new(),
     };
     let mut cfg = base;
@@ -377,7 +379,6 @@ pub(super) fn calibrate(
         }
         cfg.dir_mut(dir).min_bytes = threshold;
     }
-    drop(b.stream);
     drop(b.s);
     Ok((
         cfg,
