@@ -443,13 +443,15 @@ mod tests {
     fn a_storm_of_threads_keeps_every_buffer_to_itself() {
         let p = pool(1 << 30);
         let threads = 4;
-        let rounds = ROUNDS / 4;
+        let rounds = if cfg!(miri) { 12 } else { ROUNDS / 4 };
         std::thread::scope(|s| {
             for t in 0..threads as u32 {
                 let p = &p;
                 s.spawn(move || {
                     for r in 0..rounds as u32 {
-                        let n = [100usize, 1000, 3000, 20_000][(r % 4) as usize];
+                        // (A quarter of the sizes under Miri, where filling is slow.)
+                        let n = [100usize, 1000, 3000, 20_000][(r % 4) as usize]
+                            / if cfg!(miri) { 4 } else { 1 };
                         let seed = t << 24 | r;
                         let mut a = p.alloc::<u32>(n, F).unwrap();
                         let mut b = p.alloc::<u32>(n / 2 + 1, F).unwrap();
@@ -467,7 +469,12 @@ mod tests {
         assert_eq!(s.hits + s.misses, (threads * rounds * 2) as u64);
         assert_eq!(s.leaked_blocks, 0);
         assert_eq!(s.driver_allocs, s.misses);
-        assert!(s.hits > s.misses, "the caches were not used: {s:?}");
+        // Each thread asks for eight size classes (two per round, four kinds of round): no
+        // more blocks are made than that, however the rounds interleave.
+        assert!(
+            s.misses <= (threads * 8) as u64,
+            "blocks were not reused: {s:?}"
+        );
     }
 
     /// A buffer allocated on one thread and dropped on another goes to the dropping thread's

@@ -8,10 +8,12 @@
 //!
 //! 1. **Non-temporal stores**, per direction: staged copies of 16 MiB with and without;
 //!    off only where that is at least 3% faster (the fallback is on).
-//! 2. **Chunk size**: the smallest chunk (`min_chunk_bytes`, which is the chunk of copies up
-//!    to about 16 MiB) 256 KiB or 1 MiB, both directions summed; the larger only where at
-//!    least 3% faster. All chunks are slices of one staging block per worker, so trying
-//!    sizes makes no new pinned memory.
+//! 2. **Chunk size**: four or two chunks per worker (which sets the chunk size of copies
+//!    between the smallest chunk's and the largest's: 256 KiB or 512 KiB at 16 MiB on 16
+//!    workers, 1 or 2 MiB at 64 MiB), both directions summed; two only where at least 3%
+//!    faster. Copies too small for that keep the smallest chunk, so the threshold's copies
+//!    (step 4) are not cut coarser. All chunks are slices of one staging block per worker,
+//!    so trying sizes makes no new pinned memory.
 //! 3. **Workers**: all cores, or half of them (the driver serializes some of each chunk's
 //!    calls, which costs more with many threads); half only where at least 5% faster.
 //! 4. **Threshold**, per direction: the driver's pageable copy against the staged one at 1,
@@ -21,9 +23,9 @@
 //!
 //! Each figure is the median of its interleaved samples. The whole takes some tens of
 //! milliseconds ([`Calibration::took`]); the fields the environment sets are not measured.
-//! The largest chunk, the chunks per worker and the staging slots keep their fallback values
-//! (they matter for copies of hundreds of MiB, which take too long to measure at first use;
-//! the bench's `staged_sweep` rows measure them).
+//! The smallest and largest chunk and the staging slots keep their fallback values (the
+//! largest chunk matters for copies of hundreds of MiB, which take too long to measure at
+//! first use; the bench's `staged_sweep` rows measure them).
 
 use std::os::raw::c_void;
 use std::time::{Duration, Instant};
@@ -287,34 +289,30 @@ pub(super) fn calibrate(
         cfg.dir_mut(dir).nt_stores = t[1] >= 0.97 * t[0];
     }
 
-    // 2. The smallest chunk, both directions summed.
+    // 2. Chunks per worker (the chunk size of copies past the smallest chunk), both
+    // directions summed.
     if !fixed.chunk {
-        let cands: Vec<StagingConfig> = [256usize << 10, 1 << 20]
-            .into_iter()
-            .filter(|&c| c <= cfg.chunk_bytes)
-            .map(|c| StagingConfig {
-                min_chunk_bytes: c,
-                ..cfg
-            })
-            .collect();
-        if cands.len() == 2 {
-            let mut sum = vec![0.0; cands.len()];
-            for dir in dirs {
-                let t = b.compare(&cands, dir, PROBE, REPS, |c| {
-                    format!(
-                        "staged {} min_chunk={}",
-                        dir_name(dir),
-                        fmt_bytes(c.min_chunk_bytes)
-                    )
-                })?;
-                sum.iter_mut().zip(&t).for_each(|(s, t)| *s += t);
-            }
-            if sum[1] < 0.97 * sum[0] {
-                cfg = cands[1];
-            } else {
-                cfg = cands[0];
-            }
+        let cands = [4usize, 2].map(|per| StagingConfig {
+            chunks_per_thread: per,
+            ..cfg
+        });
+        let mut sum = [0.0; 2];
+        for dir in dirs {
+            let t = b.compare(&cands, dir, PROBE, REPS, |c| {
+                format!(
+                    "staged {} chunk={}",
+                    dir_name(dir),
+                    fmt_bytes(c.chunk_for(PROBE))
+                )
+            })?;
+            sum[0] += t[0];
+            sum[1] += t[1];
         }
+        cfg = if sum[1] < 0.97 * sum[0] {
+            cands[1]
+        } else {
+            cands[0]
+        };
     }
 
     // 3. Workers: all, or half.
