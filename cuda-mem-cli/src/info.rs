@@ -93,7 +93,16 @@ pub fn run(as_json: bool) -> anyhow::Result<()> {
     let text = if as_json {
         json::info_json(&r).render()
     } else {
-        table::info_text(&r)
+        // The staged-copy configuration the process-wide stager measures on this machine
+        // (starting it: some tens of milliseconds).
+        let staged = match cuda_mem::staged_config() {
+            Ok(s) => format!("{s}"),
+            Err(e) => format!("unavailable: {e}"),
+        };
+        format!(
+            "{}\nStaged pageable copies (measured now): {staged}\n",
+            table::info_text(&r)
+        )
     };
     report::to_stdout(&text)
 }
