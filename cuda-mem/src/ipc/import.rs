@@ -343,6 +343,7 @@ pub struct Importer<T: Pod> {
     chan: Channel,
     generation: u64,
     held: bool,
+    handle: IpcHandle,
 }
 
 impl<T: Pod> std::fmt::Debug for Importer<T> {
@@ -374,6 +375,7 @@ impl<T: Pod> Importer<T> {
                 chan,
                 generation: handle.generation,
                 held: true,
+                handle,
             }),
             Err(e) => {
                 let code = e.code().map_or(0, |c| c.0);
@@ -418,6 +420,12 @@ impl<T: Pod> Importer<T> {
     /// The generation of the last pass, sent or received.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The handle that was offered. Opening it again elsewhere is outside the protocol: the
+    /// exporter frees the memory on this importer's close alone.
+    pub fn handle(&self) -> &IpcHandle {
+        &self.handle
     }
 
     /// Whether this side holds the buffer.
