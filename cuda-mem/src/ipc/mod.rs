@@ -21,7 +21,7 @@
 //! fence as a write, so everything it does with the buffer afterwards, on any stream or on
 //! the host, comes after the sender's writes. While a side does not hold the buffer it cannot
 //! reach it: [`Exporter::buffer`] and [`Importer::buffer`] refuse with
-//! [`Misuse::InvalidArgument`](crate::Misuse::InvalidArgument). So "read before written"
+//! [`Misuse::InvalidArgument`]. So "read before written"
 //! cannot be said through this API.
 //!
 //! **Lifetime.** The exporter frees the memory only after the importer has said, over the
