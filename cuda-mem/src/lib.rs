@@ -51,6 +51,7 @@ mod error;
 mod fence;
 mod handles;
 pub mod interop;
+pub mod ipc;
 mod kinds;
 #[cfg(feature = "measure")]
 pub mod measure;

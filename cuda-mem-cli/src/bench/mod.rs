@@ -14,6 +14,7 @@ mod bidir;
 mod calls;
 mod copies;
 mod host;
+mod ipc;
 mod kernels;
 mod multi;
 mod pools;
@@ -349,6 +350,9 @@ pub fn progress(line: &str) {
 /// Runs `bench` and writes its outputs; fails when a data check failed.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // A baseline that cannot be read fails now, not after the run.
+    if let Ok(path) = std::env::var(ipc::CHILD) {
+        return ipc::child(&path);
+    }
     let baseline = match &args.baseline {
         Some(p) => Some((p.display().to_string(), load(p)?)),
         None => None,
@@ -437,6 +441,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if on("multi") {
         bar::stage("two GPUs", 1);
         multi::run(&mut res)?;
+    }
+    // Two processes: only when named (`--sections ipc`).
+    if args
+        .sections
+        .as_ref()
+        .is_some_and(|v| v.iter().any(|s| s == "ipc"))
+    {
+        bar::stage("two processes", 1);
+        if let Err(e) = ipc::run(device) {
+            progress(&format!("  ipc: failed: {e}"));
+        }
     }
     bar::done();
     res.seconds = t0.elapsed().as_secs_f64();

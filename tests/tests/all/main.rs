@@ -15,6 +15,7 @@ mod faults;
 mod holes;
 mod host_speed;
 mod interop;
+mod ipc;
 mod leaks;
 mod managed;
 mod mapped;
