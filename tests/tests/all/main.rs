@@ -11,6 +11,7 @@ mod copies;
 mod device;
 mod differential;
 mod errors;
+mod graph;
 mod faults;
 mod holes;
 mod host_speed;
