@@ -118,9 +118,9 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub thresholds: Thresholds,
     /// Run only these sections, comma-separated: copies, bidir, kernels, alloc, pools, calls,
-    /// host, multi (default: all).
+    /// host, graphs, multi (default: all).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = [
-        "copies", "bidir", "kernels", "alloc", "pools", "calls", "host", "multi"
+        "copies", "bidir", "kernels", "alloc", "pools", "calls", "host", "graphs", "multi"
     ])]
     pub sections: Option<Vec<String>>,
 }
