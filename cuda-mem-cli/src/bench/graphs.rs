@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use cuda_mem::{
-    copy_async, CaptureMode, DeviceBuffer, DevicePtrMut as _, HostAllocFlags, PinnedBuffer,
-    Result, Stream,
+    copy_async, CaptureMode, DeviceBuffer, DevicePtrMut as _, HostAllocFlags, PinnedBuffer, Result,
+    Stream,
 };
 use cuda_mem_probes::Probes;
 
@@ -100,10 +100,7 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
         let (gh, ge) = time(&s, || exec.launch(&s))?;
         let got = exec.resources().2.to_vec()?;
         // `cm_write` leaves 16-byte word i holding four copies of i: element j holds j / 4.
-        let bad = got
-            .iter()
-            .enumerate()
-            .find(|&(j, &v)| v != (j / 4) as u32);
+        let bad = got.iter().enumerate().find(|&(j, &v)| v != (j / 4) as u32);
         res.checks.push(Check {
             what: format!("graphs: {name}"),
             bytes: (N * 4) as u64,

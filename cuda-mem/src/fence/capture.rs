@@ -90,7 +90,10 @@ pub(crate) fn is_open(token: u64) -> bool {
 /// Whether the calling thread is the one that began the open capture `token`.
 pub(crate) fn owns(token: u64) -> bool {
     let me = thread::current().id();
-    any_open() && registry().iter().any(|o| o.token == token && o.thread == me)
+    any_open()
+        && registry()
+            .iter()
+            .any(|o| o.token == token && o.thread == me)
 }
 
 /// Notes that the fence joined `s` into the capture `token` (a wait on one of its events).
@@ -230,7 +233,9 @@ fn drain_legacy(device: i32) -> Result<()> {
     let _g = crate::handles::devices::Device::from_ordinal_unchecked(device).guard()?;
     // SAFETY: the null handle is the legacy stream of the device made current above.
     let code = unsafe { sys::cudaStreamSynchronize(std::ptr::null_mut()) };
-    check(code, || format!("cudaStreamSynchronize(legacy stream of device {device})"))?;
+    check(code, || {
+        format!("cudaStreamSynchronize(legacy stream of device {device})")
+    })?;
     LEGACY_DRAINED[d].fetch_max(marked, Ordering::AcqRel);
     Ok(())
 }

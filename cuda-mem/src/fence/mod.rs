@@ -17,9 +17,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use self::capture::{any_open, capture_of, is_legacy, misuse, Relaxed, GRAPH_MEMORY};
 pub(crate) use self::tracker::Access;
 pub(crate) use self::tracker::Backend;
-use self::capture::{any_open, capture_of, is_legacy, misuse, Relaxed, GRAPH_MEMORY};
 use self::tracker::Tracker;
 use crate::error::{Error, Result};
 use crate::handles::devices::Device;
@@ -91,7 +91,10 @@ impl Backend for Cuda {
         };
         // The event must be created on the stream's device (CUDA: "event and stream must be on
         // the same CUDA context").
-        let event = match reuse.and_then(|r| r.event).and_then(|e| Arc::try_unwrap(e).ok()) {
+        let event = match reuse
+            .and_then(|r| r.event)
+            .and_then(|e| Arc::try_unwrap(e).ok())
+        {
             Some(e) => e,
             // (The guard inside `on` switches devices only where needed.)
             None => Event::on(Device::from_ordinal_unchecked(stream.device()))?,
@@ -653,5 +656,82 @@ mod tests {
             2,
             "the second stream's event was never waited for after the first one failed"
         );
+    }
+
+    thread_local! {
+        static CAPT_CALLS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// A backend whose streams from 100 on capture into one graph: its events say whether
+    /// they were recorded into the capture.
+    struct Capt;
+
+    impl Backend for Capt {
+        type Stream = Arc<u32>;
+        type Event = bool;
+        type Error = ();
+        fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
+            a == b
+        }
+        fn record(s: &Arc<u32>, _: Option<bool>) -> Result<bool, ()> {
+            CAPT_CALLS.with(|c| c.set(c.get() + 1));
+            Ok(**s >= 100)
+        }
+        fn wait(_: &Arc<u32>, _: &bool) -> Result<(), ()> {
+            CAPT_CALLS.with(|c| c.set(c.get() + 1));
+            Ok(())
+        }
+        fn query(_: &bool) -> Result<bool, ()> {
+            Ok(false)
+        }
+        fn sync_event(_: &bool) -> Result<(), ()> {
+            Ok(())
+        }
+        fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
+            Ok(())
+        }
+        fn skip(entry: &Arc<u32>, stream: &Arc<u32>) -> bool {
+            **stream >= 100 && **entry < 100
+        }
+        fn durable(captured: &bool) -> bool {
+            !captured
+        }
+    }
+
+    /// Issue 22: captured work is not ordered after work outside its capture (no call: the
+    /// launch is), and a wait inside a capture is never remembered as done, so the same
+    /// stream's work after the capture still waits (a remembered captured wait would let it
+    /// skip a wait it needs: a race with the entry's real work).
+    #[test]
+    fn captured_waits_skip_outside_work_and_are_not_remembered() {
+        let calls = || CAPT_CALLS.with(Cell::get);
+        let (real, cap_a, cap_b) = (Arc::new(1), Arc::new(100), Arc::new(101));
+        let t = Tracker::<Capt>::default();
+        t.mark(&real, (0, 64), Access::Write);
+        t.order(&cap_a, (0, 64), Access::Read).unwrap();
+        assert_eq!(
+            calls(),
+            0,
+            "captured work waited for work outside the capture"
+        );
+
+        let t = Tracker::<Capt>::default();
+        t.mark(&cap_a, (0, 64), Access::Write);
+        t.order(&cap_b, (0, 64), Access::Read).unwrap();
+        assert_eq!(calls(), 2, "record + wait inside the capture");
+        t.order(&cap_b, (0, 64), Access::Read).unwrap();
+        assert!(
+            calls() > 2,
+            "the captured wait was remembered as a durable one"
+        );
+
+        // An ordinary wait is still remembered.
+        let t = Tracker::<Capt>::default();
+        t.mark(&real, (0, 64), Access::Write);
+        let other = Arc::new(2);
+        t.order(&other, (0, 64), Access::Read).unwrap();
+        let after = calls();
+        t.order(&other, (0, 64), Access::Read).unwrap();
+        assert_eq!(calls(), after, "an unchanged entry was waited for twice");
     }
 }

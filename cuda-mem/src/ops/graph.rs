@@ -478,7 +478,9 @@ impl<R: GraphResources> GraphExec<R> {
         // `self` keeps borrowed, whose fences order this launch after their pending work and
         // record it (the uses above), so nothing frees or touches them while it runs.
         let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
-        check(code, || format!("cudaGraphLaunch({:p}, {stream:?})", self.exec))
+        check(code, || {
+            format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
+        })
     }
 
     /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
@@ -524,8 +526,9 @@ impl<R: GraphResources> GraphExec<R> {
                 self.graph = graph;
                 Ok(true)
             }
-            Err(e) if e.code().map(|c| c.0)
-                == Some(sys::cudaError::cudaErrorGraphExecUpdateFailure.0) =>
+            Err(e)
+                if e.code().map(|c| c.0)
+                    == Some(sys::cudaError::cudaErrorGraphExecUpdateFailure.0) =>
             {
                 let mut exec = ptr::null_mut();
                 // SAFETY: a live graph; a valid out-pointer.

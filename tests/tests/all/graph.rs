@@ -57,7 +57,9 @@ fn every_kind_is_captured_and_replayed_with_refilled_data() {
         let graph = s
             .capture(
                 mode,
-                (&mut h, &mut d, &mut m, &mut g, &mut p, &mut out, &mut r, &mut d2),
+                (
+                    &mut h, &mut d, &mut m, &mut g, &mut p, &mut out, &mut r, &mut d2,
+                ),
                 |cap, (h, d, m, g, p, out, r, d2)| {
                     let cs = cap.stream();
                     copy_async(&mut **d, &**h, cs)?;
@@ -80,12 +82,24 @@ fn every_kind_is_captured_and_replayed_with_refilled_data() {
             }
             exec.launch(&launch_s).unwrap();
             let res = exec.resources();
-            assert!(res.5.as_slice().unwrap() == data, "{mode:?} {round}: pinned");
-            assert!(res.2.as_slice().unwrap() == data, "{mode:?} {round}: mapped");
-            assert!(res.3.as_slice().unwrap() == data, "{mode:?} {round}: managed");
+            assert!(
+                res.5.as_slice().unwrap() == data,
+                "{mode:?} {round}: pinned"
+            );
+            assert!(
+                res.2.as_slice().unwrap() == data,
+                "{mode:?} {round}: mapped"
+            );
+            assert!(
+                res.3.as_slice().unwrap() == data,
+                "{mode:?} {round}: managed"
+            );
             assert!(res.1.to_vec().unwrap() == data, "{mode:?} {round}: device");
             assert!(res.4.to_vec().unwrap() == data, "{mode:?} {round}: pool");
-            assert!(res.7.to_vec().unwrap() == rdata, "{mode:?} {round}: registered");
+            assert!(
+                res.7.to_vec().unwrap() == rdata,
+                "{mode:?} {round}: registered"
+            );
         }
     }
 }
@@ -176,7 +190,11 @@ fn two_streams_fork_and_join_inside_a_capture() {
             .unwrap()
             .instantiate()
             .unwrap();
-        assert_eq!(s2.is_capturing().unwrap(), Some(false), "s2 still capturing");
+        assert_eq!(
+            s2.is_capturing().unwrap(),
+            Some(false),
+            "s2 still capturing"
+        );
         exec.launch(&l).unwrap();
         assert!(exec.resources().2.as_slice().unwrap() == data, "{mode:?}");
     }
@@ -204,9 +222,16 @@ fn pool_allocations_inside_the_graph_are_graph_memory() {
         .unwrap();
     for round in 0..3 {
         let data = pattern(N, 40 + round);
-        exec.resources_mut().0.as_mut_slice().unwrap().copy_from_slice(&data);
+        exec.resources_mut()
+            .0
+            .as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&data);
         exec.launch(&s).unwrap();
-        assert!(exec.resources().1.as_slice().unwrap() == data, "round {round}");
+        assert!(
+            exec.resources().1.as_slice().unwrap() == data,
+            "round {round}"
+        );
     }
     drop(exec);
 
@@ -222,9 +247,15 @@ fn pool_allocations_inside_the_graph_are_graph_memory() {
     assert_refused(&e, "buffers allocated inside the capture outlive it");
     let mut kept = kept.unwrap();
     let e = copy_async(&mut kept, &h, &s).unwrap_err();
-    assert_refused(&e, "the buffer was allocated inside a stream capture that has ended");
+    assert_refused(
+        &e,
+        "the buffer was allocated inside a stream capture that has ended",
+    );
     let e = kept.free().unwrap_err();
-    assert_refused(&e, "the buffer was allocated inside a stream capture that has ended");
+    assert_refused(
+        &e,
+        "the buffer was allocated inside a stream capture that has ended",
+    );
     // The stream works as before.
     let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
     copy_async(&mut d, &h, &s).unwrap();
@@ -346,7 +377,13 @@ fn recapture_updates_in_place_where_the_topology_is_unchanged() {
         .unwrap();
     assert!(!updated, "a new topology was updated in place");
     exec.launch(&s).unwrap();
-    assert!(exec.resources().2.as_slice().unwrap().iter().all(|&x| x == 0));
+    assert!(exec
+        .resources()
+        .2
+        .as_slice()
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
 }
 
 /// A kernel launched through cudarc inside a capture, on cudarc's stream, with a cuda-mem
@@ -364,30 +401,41 @@ fn a_cudarc_kernel_is_captured_with_cuda_mem_guards() {
     let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
     let mut out = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
     let mut exec = s
-        .capture(CaptureMode::ThreadLocal, (&mut d, &mut out), |cap, (d, out)| {
-            {
-                let w = d.cudarc_ptr_mut(&a)?;
-                let words = (N / 4) as u64;
-                let mut l = a.launch_builder(&write);
-                l.arg(&w).arg(&words);
-                let cfg = LaunchConfig {
-                    grid_dim: (64, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: cm_write(uint4* p, u64 n) writes n 16-byte words: all of `d`,
-                // through the write guard taken for `a`, alive across the launch.
-                unsafe { l.launch(cfg) }.map_err(cuda_mem::Error::from)?;
-            }
-            copy_async(&mut **out, &**d, cap.stream())
-        })
+        .capture(
+            CaptureMode::ThreadLocal,
+            (&mut d, &mut out),
+            |cap, (d, out)| {
+                {
+                    let w = d.cudarc_ptr_mut(&a)?;
+                    let words = (N / 4) as u64;
+                    let mut l = a.launch_builder(&write);
+                    l.arg(&w).arg(&words);
+                    let cfg = LaunchConfig {
+                        grid_dim: (64, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: cm_write(uint4* p, u64 n) writes n 16-byte words: all of `d`,
+                    // through the write guard taken for `a`, alive across the launch.
+                    unsafe { l.launch(cfg) }.map_err(cuda_mem::Error::from)?;
+                }
+                copy_async(&mut **out, &**d, cap.stream())
+            },
+        )
         .unwrap()
         .instantiate()
         .unwrap();
     for _ in 0..2 {
-        exec.resources_mut().1.as_mut_slice().unwrap().fill(u32::MAX);
+        exec.resources_mut()
+            .1
+            .as_mut_slice()
+            .unwrap()
+            .fill(u32::MAX);
         exec.launch(&s).unwrap();
-        assert_eq!(first_not_written(exec.resources().1.as_slice().unwrap()), None);
+        assert_eq!(
+            first_not_written(exec.resources().1.as_slice().unwrap()),
+            None
+        );
     }
 }
 
