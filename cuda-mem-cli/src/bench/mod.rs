@@ -108,13 +108,13 @@ impl Gate {
         // SAFETY: the pointer is the live, 4-byte aligned pinned allocation of `self.flag`,
         // which outlives the returned borrow; the host touches it only through this atomic
         // (never through `as_slice`), the GPU only reads it (volatile loads).
-        unsafe { AtomicU32::from_ptr(self.flag.host_ptr().cast_mut()) }
+        unsafe { AtomicU32::from_ptr(self.flag.as_ptr().cast_mut()) }
     }
 
     fn hold(&self, stream: &Stream) -> Result<Held<'_>> {
         // The previous spin kernel has finished (it is recorded on the flag's fence) before
         // the flag is armed again.
-        self.flag.pinned().synchronize()?;
+        self.flag.synchronize()?;
         self.flag().store(0, Ordering::SeqCst);
         let flag = self.flag.device_ptr(stream)?;
         // SAFETY: `flag` is the device address of mapped memory that lives as long as `self`,

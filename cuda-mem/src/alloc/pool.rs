@@ -33,8 +33,8 @@ use crate::handles::stream::Stream;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PoolLocation {
-    /// Device memory of this ordinal.
-    Device(i32),
+    /// Device memory of this device.
+    Device(Device),
     /// Pinned host memory (a pool created with `cudaMemLocationTypeHost`).
     Host,
 }
@@ -178,7 +178,7 @@ impl MemPool {
             inner: Arc::new(PoolInner {
                 raw,
                 owned: false,
-                location: PoolLocation::Device(device.ordinal()),
+                location: PoolLocation::Device(device),
             }),
         })
     }
@@ -191,7 +191,7 @@ impl MemPool {
     /// Errors: [`Misuse::Unsupported`] when the device has no memory pools.
     pub fn new(device: Device) -> Result<MemPool> {
         require_pools(device)?;
-        Self::create(PoolLocation::Device(device.ordinal()), device, 0)
+        Self::create(PoolLocation::Device(device), device, 0)
     }
 
     /// Like [`MemPool::new`], with the pool capped at `max_bytes` (`cudaMemPoolProps::maxSize`;
@@ -208,7 +208,7 @@ impl MemPool {
         }
         if cfg!(cudart_mem_pool_max_size) {
             require_pools(device)?;
-            Self::create(PoolLocation::Device(device.ordinal()), device, max_bytes)
+            Self::create(PoolLocation::Device(device), device, max_bytes)
         } else {
             Err(Misuse::Unsupported {
                 device: device.ordinal(),
@@ -274,6 +274,7 @@ impl MemPool {
         props.handleTypes = sys::cudaMemAllocationHandleType::cudaMemHandleTypeNone;
         props.location = match location {
             PoolLocation::Device(d) => {
+                let d = d.ordinal();
                 sys::cudaMemLocation::new(sys::cudaMemLocationType::cudaMemLocationTypeDevice, d)
             }
             #[cfg(cudart_mem_pool_host)]
@@ -328,7 +329,7 @@ impl MemPool {
                 raw: NonNull::dangling().as_ptr(),
                 // Not owned: never destroyed.
                 owned: false,
-                location: PoolLocation::Device(0),
+                location: PoolLocation::Device(Device::from_ordinal_unchecked(0)),
             }),
         }
     }

@@ -151,7 +151,7 @@ pub fn copy_peer_range<T: Pod>(
     count: usize,
 ) -> Result<()> {
     // The source device's legacy stream: `copy_peer_range_async` makes that device current.
-    let legacy = Stream::legacy_on(src.device());
+    let legacy = Stream::legacy_on(src.device().ordinal());
     copy_peer_range_async(dst, dst_offset, src, src_offset, count, &legacy)
 }
 
@@ -193,7 +193,7 @@ pub fn copy_peer_range_async<T: Pod>(
     if bytes == 0 {
         return Ok(());
     }
-    let (dd, sd) = (dst.device(), src.device());
+    let (dd, sd) = (dst.device().ordinal(), src.device().ordinal());
     // The null handle means the legacy stream of the current device: make the stream's own
     // device current (owned streams carry their context and need nothing).
     let _g = stream.inner().enter()?;
@@ -352,12 +352,12 @@ impl StagedCopy {
             (
                 "StagedCopy: source buffer",
                 self.src_device.ordinal(),
-                src.device(),
+                src.device().ordinal(),
             ),
             (
                 "StagedCopy: destination buffer",
                 self.dst_device.ordinal(),
-                dst.device(),
+                dst.device().ordinal(),
             ),
         ] {
             crate::handles::devices::require_same(op, expected, found)?;

@@ -107,7 +107,7 @@ fn pinned_memory((n, h, stream, _dev, _value): Ctx, raw: u32, i: usize, x: f32) 
 
 fn mapped_memory((n, _h, stream, _dev, _value): Ctx, mut rv: RegisteredVec<f32>) -> Result<()> {
     let m = MappedBuffer::<f32>::zeroed(n, HostAllocFlags::DEFAULT)?;
-    let _ = (m.host_ptr(), m.device_address());
+    let _ = (m.as_ptr(), m.device_address());
     {
         let _g = m.device_ptr(&stream)?;
     }
@@ -122,12 +122,12 @@ fn mapped_memory((n, _h, stream, _dev, _value): Ctx, mut rv: RegisteredVec<f32>)
     let _ = pointer_info(p.as_ptr())?.device_ptr;
     {
         let m = alloc_mapped::<f32>(n)?;
-        let (cpu, gpu) = (m.host_ptr(), m.device_address());
+        let (cpu, gpu) = (m.as_ptr(), m.device_address());
     }
     {
         let m = alloc_mapped_uva::<f32>(n)?;
         let ptr = m.device_address();
-        let _ = m.host_ptr();
+        let _ = m.as_ptr();
     }
     let mut m = alloc_mapped::<f32>(n)?;
     {
@@ -138,7 +138,6 @@ fn mapped_memory((n, _h, stream, _dev, _value): Ctx, mut rv: RegisteredVec<f32>)
 }
 
 fn managed_memory((n, _h, stream, dev, _value): Ctx, v: u8, i: usize) -> Result<()> {
-    let dev = dev.ordinal(); // an `int` device, as in the C++ calls
     let mut m = ManagedBuffer::<f32>::zeroed(n, Attach::Global)?;
     let _ = ManagedBuffer::<f32>::zeroed(n, Attach::Host)?;
     m.prefetch(Location::Device(dev), &stream)?;
