@@ -21,6 +21,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
+use crate::contract::buffer::{Allocation, Buffer as OwnedBuffer};
 use crate::contract::memory::sealed::Async;
 use crate::error::{check, Result};
 use crate::fence::capture::{self, misuse, Relaxed};
@@ -28,10 +29,6 @@ use crate::fence::{Access, Fence, Use};
 use crate::handles::devices::Device;
 use crate::handles::event::Event;
 use crate::handles::stream::{Stream, StreamInner};
-use crate::kinds::device::DeviceBuffer;
-use crate::kinds::managed::ManagedBuffer;
-use crate::kinds::mapped::MappedBuffer;
-use crate::kinds::pinned::PinnedBuffer;
 use crate::kinds::registered::RegisteredVec;
 
 /// How a capture interacts with other runtime calls (`cudaStreamCaptureMode`).
@@ -63,7 +60,7 @@ pub(crate) mod sealed {
     use crate::fence::{Access, Fence};
 
     /// A buffer a graph can keep: its fence and byte range.
-    pub trait Buffer {
+    pub trait Kept {
         /// The fence and the buffer's byte range in it.
         fn entry(&self) -> (&Fence, (usize, usize));
     }
@@ -76,7 +73,7 @@ pub(crate) mod sealed {
     }
 }
 
-use sealed::{Buffer, Visit};
+use sealed::{Kept, Visit};
 
 /// What a graph's nodes use and the graph keeps borrowed: `&mut` buffers (which its nodes may
 /// write) and `&` buffers (read only) of the kinds asynchronous work may use (device, pinned,
@@ -93,39 +90,24 @@ fn entry_of<T: Pod, M: Async<T>>(m: &M) -> (&Fence, (usize, usize)) {
     )
 }
 
-impl<T: Pod> Buffer for DeviceBuffer<T> {
+impl<T: Pod, A: Allocation> Kept for OwnedBuffer<T, A> {
     fn entry(&self) -> (&Fence, (usize, usize)) {
         entry_of(self)
     }
 }
-impl<T: Pod> Buffer for PinnedBuffer<T> {
-    fn entry(&self) -> (&Fence, (usize, usize)) {
-        entry_of(self)
-    }
-}
-impl<T: Pod> Buffer for MappedBuffer<T> {
-    fn entry(&self) -> (&Fence, (usize, usize)) {
-        entry_of(self)
-    }
-}
-impl<T: Pod> Buffer for ManagedBuffer<T> {
-    fn entry(&self) -> (&Fence, (usize, usize)) {
-        entry_of(self)
-    }
-}
-impl<T: Pod> Buffer for RegisteredVec<T> {
+impl<T: Pod> Kept for RegisteredVec<T> {
     fn entry(&self) -> (&Fence, (usize, usize)) {
         entry_of(self)
     }
 }
 
-impl<B: Buffer + ?Sized> Visit for &mut B {
+impl<B: Kept + ?Sized> Visit for &mut B {
     fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
         let (fence, range) = (**self).entry();
         f(fence, range, Access::Write);
     }
 }
-impl<B: Buffer + ?Sized> Visit for &B {
+impl<B: Kept + ?Sized> Visit for &B {
     fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
         let (fence, range) = (**self).entry();
         f(fence, range, Access::Read);
@@ -336,7 +318,7 @@ impl Stream {
     ///   ([`Misuse::InvalidArgument`](crate::Misuse::InvalidArgument)), as is host access to
     ///   a buffer in `resources`, synchronous copies and memsets, and work on the legacy
     ///   default stream: none of them invalidates the capture;
-    /// - pool allocations on the capturing stream ([`DeviceBuffer::from_pool`]) are graph
+    /// - pool allocations on the capturing stream ([`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool)) are graph
     ///   memory nodes, and their drop inside `f` a free node; graph memory kept past `f` is
     ///   refused when the capture ends, and the buffer refuses every later use (its memory
     ///   belongs to no live graph, and is leaked, never freed);
