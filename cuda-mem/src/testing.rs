@@ -101,6 +101,15 @@ impl<B: Backend<Error = Error>> Backend for Faulty<B> {
     fn may_still_run(error: &Error) -> bool {
         B::may_still_run(error)
     }
+    fn skip(entry: &B::Stream, stream: &B::Stream) -> bool {
+        B::skip(entry, stream)
+    }
+    fn current(event: &B::Event) -> bool {
+        B::current(event)
+    }
+    fn durable(event: &B::Event) -> bool {
+        B::durable(event)
+    }
 }
 
 fn maybe_fail_record() -> Result<()> {

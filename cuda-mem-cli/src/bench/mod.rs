@@ -13,6 +13,7 @@ mod alloc;
 mod bidir;
 mod calls;
 mod copies;
+mod graphs;
 mod host;
 mod ipc;
 mod kernels;
@@ -437,6 +438,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bar::stage("host side", 5);
         let r = host::run(&ctx, &cfg, &mut res);
         attempt(&mut res, &["host"], "host", r)?;
+    }
+    if on("graphs") {
+        bar::stage("graphs", 2);
+        let r = graphs::run(&mut res);
+        attempt(&mut res, &["graphs"], "graphs", r)?;
     }
     if on("multi") {
         bar::stage("two GPUs", 1);

@@ -80,6 +80,25 @@ pub trait Backend {
     fn may_still_run(_error: &Self::Error) -> bool {
         true
     }
+    /// Whether new work on `stream` need not be ordered after the work of `entry` at all: work
+    /// captured into a graph against work outside the capture (the graph's launches are
+    /// ordered after that work instead). Skipped entries are not noted as waited for. The
+    /// default orders everything.
+    fn skip(_entry: &Self::Stream, _stream: &Self::Stream) -> bool {
+        false
+    }
+    /// Whether `event` still stands for the work it was recorded after (an event recorded
+    /// into a stream capture stops doing so when the capture ends): an entry whose covering
+    /// event is not current records anew. The default: always.
+    fn current(_event: &Self::Event) -> bool {
+        true
+    }
+    /// Whether a device-side wait for `event` orders the waiting stream's later work for good
+    /// (a wait inside a stream capture orders only captured work): only such waits let a later
+    /// conflict with the same, unchanged entry skip its wait. The default: always.
+    fn durable(_event: &Self::Event) -> bool {
+        true
+    }
 }
 
 /// How queued work or the host uses a range.
@@ -224,7 +243,9 @@ impl<B: Backend> Entry<B> {
     /// Whether an event covers every mark: the entry's work is complete once it is.
     fn covering_event(&self) -> Option<&Arc<B::Event>> {
         let r = self.rec.as_deref()?;
-        r.event.as_ref().filter(|_| r.at == self.marked)
+        r.event
+            .as_ref()
+            .filter(|e| r.at == self.marked && B::current(e))
     }
 
     fn has_writes(&self) -> bool {
@@ -482,7 +503,10 @@ impl<B: Backend> Tracker<B> {
         let mut i = 0;
         while i < st.entries.len() {
             let e = &st.entries[i];
-            if B::same(&e.stream, stream) || !e.conflicts(range, access) {
+            if B::same(&e.stream, stream)
+                || !e.conflicts(range, access)
+                || B::skip(&e.stream, stream)
+            {
                 i += 1;
                 continue;
             }
@@ -501,11 +525,12 @@ impl<B: Backend> Tracker<B> {
                 i += 1;
                 continue;
             }
+            // `Some(durable)` once the stream waits on the device.
             let waited = match st.entries[i].materialize(full) {
-                Ok(ev) => B::wait(stream, &ev).is_ok(),
-                Err(_) => false,
+                Ok(ev) => B::wait(stream, &ev).ok().map(|()| B::durable(&ev)),
+                Err(_) => None,
             };
-            if !waited {
+            let Some(durable) = waited else {
                 // Could not order on the device: wait on the host instead. Then the entry's
                 // queued work is complete; it is forgotten only when nothing is in flight:
                 // otherwise its marks may include work of a `begin` on the same stream that
@@ -518,7 +543,7 @@ impl<B: Backend> Tracker<B> {
                     i += 1;
                 }
                 continue;
-            }
+            };
             let t = match st.entries.iter().position(|t| B::same(&t.stream, stream)) {
                 Some(t) => t,
                 None => {
@@ -526,8 +551,9 @@ impl<B: Backend> Tracker<B> {
                     st.entries.len() - 1
                 }
             };
-            // Only an event that covers every mark may stand for them in a later skip.
-            if full {
+            // Only an event that covers every mark may stand for them in a later skip, and
+            // only a wait that orders the stream for good.
+            if full && durable {
                 let waited = &mut st.entries[t].rec_mut().waited;
                 waited.retain(|(s, _)| !B::same(s, &key.0));
                 waited.push(key);

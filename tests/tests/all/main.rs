@@ -12,6 +12,7 @@ mod device;
 mod differential;
 mod errors;
 mod faults;
+mod graph;
 mod holes;
 mod host_speed;
 mod interop;
