@@ -17,6 +17,7 @@ mod holes;
 mod host_speed;
 mod interop;
 mod ipc;
+mod launch;
 mod leaks;
 mod managed;
 mod mapped;
