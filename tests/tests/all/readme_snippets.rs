@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cuda_mem::interop;
-use cuda_mem::interop::cudarc::{CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut};
+use cuda_mem::interop::cudarc::{
+    CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut, Launch,
+};
 use cuda_mem::{
     alloc_mapped, alloc_mapped_uva, copy, copy_async, copy_range, copy_range_async, memset_async,
     pointer_info, sys, Advice, Attach, Device, DeviceBuffer, DeviceFlags, DevicePtr as _,
@@ -16,7 +18,7 @@ use cuda_mem::{
     ManagedBuffer, MappedBuffer, MemPool, PinnedBuffer, PointerKind, PoolAccess, RegisteredSlice,
     RegisteredVec, Result, Stream,
 };
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 type Ctx = (usize, Vec<f32>, Stream, Device, u8);
 
@@ -322,6 +324,17 @@ fn cudarc_interop(
     cs.memcpy_dtod(&buf.cudarc_ptr(&cs)?, &mut slice)?;
     CudarcView::with(&slice, &cs, |v| copy_async(&mut host, v, v.stream()))?;
     CudarcViewMut::with(&mut slice, &cs, |v| copy_async(v, &host, &s))?;
+    let (x, mut y, n) = (buf, target, 3u32);
+    let cfg = LaunchConfig::for_num_elems(3);
+    // SAFETY: never run.
+    unsafe {
+        Launch::on(&s, &f, cfg)?
+            .arg_in(&x)
+            .arg_out(&mut y)
+            .arg(&n)
+            .launch()?
+    }
+    let cs = interop::cudarc::cudarc_stream(&Stream::new()?)?;
     Ok(())
 }
 
