@@ -18,8 +18,10 @@ mod host;
 mod ipc;
 mod kernels;
 mod multi;
+mod peers;
 mod pools;
 mod raw;
+mod shmoo;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
@@ -401,6 +403,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         multi: Vec::new(),
         bidir: Vec::new(),
         host: Vec::new(),
+        shmoo: Vec::new(),
+        peers: Vec::new(),
     };
     let on = |name: &str| {
         args.sections
@@ -443,6 +447,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         bar::stage("graphs", 2);
         let r = graphs::run(&mut res);
         attempt(&mut res, &["graphs"], "graphs", r)?;
+    }
+    if on("shmoo") {
+        bar::stage("shmoo", u64::from(shmoo::rounds(cfg.quick)) + 1);
+        let r = shmoo::run(&ctx, cfg.quick, &mut res);
+        attempt(&mut res, &["shmoo"], "shmoo", r)?;
+    }
+    if on("peers") {
+        bar::stage("× cudarc", 4);
+        let r = peers::run(&ctx, &cfg, &mut res);
+        attempt(&mut res, &["cudarc"], "peers", r)?;
     }
     if on("multi") {
         bar::stage("two GPUs", 1);
