@@ -127,7 +127,12 @@
 //!   guard leaves its work ordered (it may cost the fence bookkeeping, never a wait).
 //!   cudarc's own calls that take a guard on another stream synchronize that stream before
 //!   they return. The [`Stream`] of [`stream`] keeps cudarc's stream alive: forgotten, it
-//!   leaks the stream.
+//!   leaks the stream. The other way, a cuda-mem stream lent by [`cudarc_stream`] stays alive
+//!   until cudarc's last handle to the wrapper is gone (noticed at the next call): a forgotten
+//!   handle leaks the stream, never frees it under cudarc. A [`Launch`] holds guards like any
+//!   other: forgotten, its buffers' work was marked when each argument was pushed, so later
+//!   waits still cover a kernel it launched (and one it never launched costs a needless wait
+//!   at most).
 //!
 //! # Features
 //!
@@ -305,7 +310,8 @@ static SEVERAL: [OnceLock<Arc<CudaStream>>; 64] = [const { OnceLock::new() }; 64
 ///   released, at the next call of this function. The context is switched to cudarc's
 ///   several-streams mode first (one idle stream of cudarc's own, kept), so that cudarc
 ///   records its events on every slice: a slice allocated on one cuda-mem stream and used on
-///   another through cudarc is ordered by cudarc itself.
+///   another through cudarc is ordered by cudarc itself. (Entering that mode, cudarc waits
+///   once for the device's pending work, as its own first `new_stream` does.)
 /// - The legacy default stream: cudarc's `default_stream()` of that device (the null handle).
 /// - A cuda-mem stream over a cudarc stream ([`stream`]): that cudarc stream itself.
 ///
