@@ -454,7 +454,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         attempt(&mut res, &["shmoo"], "shmoo", r)?;
     }
     if on("peers") {
-        bar::stage("× cudarc", 4);
+        bar::stage("× cudarc", 5);
         let r = peers::run(&ctx, &cfg, &mut res);
         attempt(&mut res, &["cudarc"], "peers", r)?;
     }

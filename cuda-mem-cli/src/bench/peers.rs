@@ -25,21 +25,26 @@
 //!   device to host on B), host time per pair in loops of [`HANDOFF_PAIRS`]: ours orders B
 //!   after A through the buffer's fence, cudarc through the slice's events.
 //!
-//! Graph replay is left for when the crate captures graphs.
+//! - `graph_replay`: 25 × (4 KiB copy from pinned memory, 4 KiB memset, 4 KiB device copy)
+//!   captured once on a non-blocking stream and replayed: host time of one replay and its end
+//!   to end time (replay and synchronize), medians over interleaved rounds. Ours
+//!   `Stream::capture` → `GraphExec::launch`, cudarc's `begin_capture` / `end_capture` →
+//!   `CudaGraph::launch`. Measured last, in its own attempt: where cudarc's capture of its
+//!   event-tracked copies fails, the row is reported not measured, with cudarc's error.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use cuda_mem::interop::cudarc::{context, stream as cuda_mem_stream};
 use cuda_mem::{
-    copy, copy_async, copy_range, DeviceBuffer, Error, HostAllocFlags, MemPool, PinnedBuffer,
-    PinnedPool, Result, Stream,
+    copy, copy_async, copy_range, CaptureMode, DeviceBuffer, Error, HostAllocFlags, MemPool,
+    PinnedBuffer, PinnedPool, Result, Stream,
 };
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{sys as dsys, CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::{progress, reps_for, sample_pairs, Config, Ctx, Gate, Order, Paired};
 use crate::results::{BenchResults, Check, HostRow};
-use crate::units::{fmt_size, gbps, KIB, MIB};
+use crate::units::{fmt_size, gbps, median, KIB, MIB};
 
 /// Copy sizes.
 pub const COPY_SIZES: [u64; 3] = [4 * KIB, MIB, 256 * MIB];
@@ -141,6 +146,9 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
     allocs(&sides, ctx, samples, res)?;
     progress("peers: cross-stream hand-off");
     handoff(&sides, samples, res)?;
+    progress("peers: graph replay");
+    let r = graph_replay(&sides, res);
+    super::attempt(res, &["cudarc"], "peers graph_replay", r)?;
     Ok(())
 }
 
@@ -366,6 +374,130 @@ fn handoff(sides: &Sides, samples: u32, res: &mut BenchResults) -> Result<()> {
         bytes: 2 * n as u64,
         ok,
         detail: (!ok).then(|| "a read on stream B missed the write on stream A".into()),
+    });
+    Ok(())
+}
+
+/// Steps of the graph row, each three operations.
+const GRAPH_STEPS: usize = 25;
+/// Replays per side of the graph row, after [`GRAPH_WARMUP`].
+const GRAPH_ROUNDS: usize = 200;
+const GRAPH_WARMUP: usize = 20;
+
+/// `graph_replay`: the same 75 operations captured by each side, replayed in turn.
+fn graph_replay(sides: &Sides, res: &mut BenchResults) -> Result<()> {
+    let n = 4096usize;
+    let pattern = |i: usize| (i as u8).wrapping_mul(53) ^ 0x71;
+    let data: Vec<u8> = (0..n).map(pattern).collect();
+
+    // Ours.
+    let h = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT)?;
+    let mut d = DeviceBuffer::<u8>::zeroed(n)?;
+    let mut e = DeviceBuffer::<u8>::zeroed(n)?;
+    let s = &sides.s;
+    let exec = s
+        .capture(
+            CaptureMode::ThreadLocal,
+            (&h, &mut d, &mut e),
+            |cap, (h, d, e)| {
+                for _ in 0..GRAPH_STEPS {
+                    copy_async(&mut **d, &**h, cap.stream())?;
+                    e.memset_async(0, cap.stream())?;
+                    copy_async(&mut **e, &**d, cap.stream())?;
+                }
+                Ok(())
+            },
+        )?
+        .instantiate()?;
+    exec.upload(s)?;
+
+    // cudarc's, on a stream of its own (a failed capture must not leave the others capturing).
+    let gs = cu(sides.ctx.new_stream(), "new_stream")?;
+    let mut ch = cudarc_pinned(&sides.ctx, n, 0)?;
+    cu(ch.as_mut_slice(), "PinnedHostSlice::as_mut_slice")?.copy_from_slice(&data);
+    let mut cd: CudaSlice<u8> = cu(gs.alloc_zeros(n), "alloc_zeros")?;
+    let mut ce: CudaSlice<u8> = cu(gs.alloc_zeros(n), "alloc_zeros")?;
+    cu(gs.synchronize(), "synchronize")?;
+    cu(
+        gs.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        "begin_capture",
+    )?;
+    let captured = (|| {
+        for _ in 0..GRAPH_STEPS {
+            gs.memcpy_htod(&ch, &mut cd)?;
+            gs.memset_zeros(&mut ce)?;
+            gs.memcpy_dtod(&cd, &mut ce)?;
+        }
+        Ok(())
+    })();
+    // Always ended, so that the stream is usable again whatever failed.
+    let graph = gs.end_capture(dsys::CUgraphInstantiate_flags(0));
+    let graph = match (captured, graph) {
+        (Ok(()), Ok(Some(g))) => g,
+        (Err(e), _) | (Ok(()), Err(e)) => return cu(Err(e), "stream capture of the graph row"),
+        (Ok(()), Ok(None)) => {
+            return Err(Error::Misuse(cuda_mem::Misuse::InvalidArgument {
+                op: "peers graph_replay",
+                reason: "cudarc's end_capture returned no graph".into(),
+            }))
+        }
+    };
+    cu(graph.upload(), "CudaGraph::upload")?;
+
+    // Interleaved rounds: host time of the replay call, and until the stream is idle.
+    let (mut host, mut end) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    for round in 0..GRAPH_ROUNDS + GRAPH_WARMUP {
+        let order = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for ours in order {
+            let t0 = Instant::now();
+            if ours {
+                exec.launch(s)?;
+            } else {
+                cu(graph.launch(), "CudaGraph::launch")?;
+            }
+            let t1 = Instant::now();
+            if ours {
+                s.synchronize()?;
+            } else {
+                cu(gs.synchronize(), "synchronize")?;
+            }
+            let t2 = Instant::now();
+            if round >= GRAPH_WARMUP {
+                let i = usize::from(!ours);
+                host[i].push((t1 - t0).as_secs_f64());
+                end[i].push((t2 - t0).as_secs_f64());
+            }
+        }
+    }
+    for (what, t) in [
+        ("host time per replay", &host),
+        ("end to end per replay", &end),
+    ] {
+        let p = Paired::new(&t[0], &t[1]);
+        res.peers.push(row(
+            "graph_replay",
+            format!("{} ops, {what}", 3 * GRAPH_STEPS),
+            n as u64,
+            None,
+            Paired {
+                ours: median(&t[0]),
+                raw: median(&t[1]),
+                ..p
+            },
+        ));
+    }
+    let ours_ok = exec.resources().2.to_vec()? == data;
+    let cudarc_ok = cu(gs.clone_dtoh(&ce), "clone_dtoh")? == data;
+    res.checks.push(Check {
+        what: "peers: graph replays (both sides) copied the data".into(),
+        bytes: 2 * n as u64,
+        ok: ours_ok && cudarc_ok,
+        detail: (!(ours_ok && cudarc_ok))
+            .then(|| format!("cuda-mem's replay right: {ours_ok}, cudarc's: {cudarc_ok}")),
     });
     Ok(())
 }
