@@ -3,7 +3,10 @@
 //!
 //! Every function of the header is a public `unsafe extern "C" fn` with bindgen's signature
 //! (`cudart_fn!`, one per function, written by `build/loader.rs`), so callers see the same API
-//! as a linked build. Each has a slot, an `AtomicPtr` that holds the function to call:
+//! as a linked build, and is also exported under the C name (`cudaMalloc`), so that C or C++
+//! code linked into the same program that calls cudart (the tests crate's references) reaches
+//! it as it would reach a linked cudart. Each has a slot, an `AtomicPtr` that holds the
+//! function to call:
 //!
 //! - at first a resolver (`__resolve`), which opens cudart once for the whole process
 //!   ([`library`]), looks the symbol up, stores its address in the slot and calls it;
@@ -62,9 +65,10 @@ pub(crate) fn library() -> &'static Result<Library, String> {
     LIBRARY.get_or_init(open)
 }
 
-/// Tries `$CUDA_MEM_CUDART` alone when it is set, else the file found at build time, then the
-/// `SONAME` through the loader's search path (`LD_LIBRARY_PATH`, the executable's run path,
-/// `ld.so.cache`).
+/// Tries `$CUDA_MEM_CUDART` alone when it is set; else a cudart of this major version that is
+/// already in the process (loaded by another library, e.g. PyTorch's: one runtime, not two),
+/// then the file found at build time, then the `SONAME` through the loader's search path
+/// (`LD_LIBRARY_PATH`, the executable's run path, `ld.so.cache`).
 fn open() -> Result<Library, String> {
     let mut candidates: Vec<(String, String)> = Vec::new();
     match std::env::var_os(OVERRIDE_VAR) {
@@ -73,6 +77,9 @@ fn open() -> Result<Library, String> {
             candidates.push((v.clone(), format!("{OVERRIDE_VAR}={v}")));
         }
         _ => {
+            if let Some(lib) = already_loaded() {
+                return Ok(lib);
+            }
             if !BUILT_PATH.is_empty() {
                 candidates.push((
                     BUILT_PATH.to_string(),
@@ -113,6 +120,26 @@ fn dlerror_text() -> String {
     }
 }
 
+/// The cudart with this major version's `SONAME` that the process has loaded already, if any
+/// (and if it is a usable CUDA runtime).
+fn already_loaded() -> Option<Library> {
+    let soname = CString::new(SONAME).ok()?;
+    // SAFETY: a NUL-terminated name; with RTLD_NOLOAD, dlopen loads nothing: it returns a
+    // handle (one more reference) to an object already loaded under that name, or null.
+    let handle = unsafe {
+        libc::dlopen(
+            soname.as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_NOLOAD,
+        )
+    };
+    if handle.is_null() {
+        // Not loaded: the dlerror text of that is no news.
+        let _ = dlerror_text();
+        return None;
+    }
+    check(handle, SONAME).ok()
+}
+
 /// Opens `name` and checks that it is a CUDA runtime of the major version of the headers.
 fn open_one(name: &str) -> Result<Library, String> {
     let cname = CString::new(name).map_err(|_| "the name contains a NUL byte".to_string())?;
@@ -122,6 +149,12 @@ fn open_one(name: &str) -> Result<Library, String> {
     if handle.is_null() {
         return Err(dlerror_text());
     }
+    check(handle, name)
+}
+
+/// Checks that the library of `handle` (opened as `name`) is a CUDA runtime of the major
+/// version of the headers.
+fn check(handle: *mut c_void, name: &str) -> Result<Library, String> {
     // A handle that turns out not to be usable stays open: closing a library whose
     // initialisers ran is not safe in general, and this happens at most once per candidate.
     // SAFETY: a live handle and a NUL-terminated name.
@@ -271,6 +304,15 @@ macro_rules! cudart_fn {
         #[inline]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             type __Fn = unsafe extern "C" fn($($ty),*) -> $ret;
+            /// cudart's own symbol name, for C and C++ code in the same program compiled
+            /// against the headers (`DEP_CUDART_INCLUDE`): it links to this as it would to a
+            /// linked cudart. (A separate function, so that `$name` itself stays inlinable:
+            /// `#[inline]` is ignored on an exported function.)
+            #[export_name = stringify!($name)]
+            unsafe extern "C" fn __c_symbol($($arg: $ty),*) -> $ret {
+                // SAFETY: the C caller upholds the C function's contract.
+                unsafe { $name($($arg),*) }
+            }
             /// The slot's first value: opens and looks up, then calls what it found.
             unsafe extern "C" fn __resolve($($arg: $ty),*) -> $ret {
                 let f = $crate::loader::resolve(

@@ -84,9 +84,9 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// A stand-in `libcudart.so.N` built with the C compiler that links Rust programs: it exports
-/// `cudaRuntimeGetVersion` (reporting `version`) and `cudaGetDeviceCount` (7 devices), and no
-/// other function.
+/// A stand-in `libcudart.so.N` (also its `SONAME`) built with the C compiler that links Rust
+/// programs: it exports `cudaRuntimeGetVersion` (reporting `version`) and `cudaGetDeviceCount`
+/// (7 devices), and no other function.
 fn fake_runtime(dir: &Path, version: u32) -> PathBuf {
     let src = dir.join("fake.c");
     std::fs::write(
@@ -97,10 +97,11 @@ fn fake_runtime(dir: &Path, version: u32) -> PathBuf {
         ),
     )
     .unwrap();
-    let lib = dir.join(format!("libcudart.so.{}", CUDART_VERSION / 1000));
+    let soname = format!("libcudart.so.{}", CUDART_VERSION / 1000);
+    let lib = dir.join(&soname);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-o"])
+        .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
         .arg(&lib)
         .arg(&src)
         .status()
@@ -289,4 +290,68 @@ fn a_library_that_is_not_cudart_is_refused() {
         why.contains("CUDA_MEM_CUDART=libm.so.6: not a CUDA runtime library"),
         "{why}"
     );
+}
+
+#[test]
+fn a_runtime_already_in_the_process_is_used_instead_of_a_second_one() {
+    if !is_child() {
+        if !loaded() {
+            skip_linked();
+            return;
+        }
+        // Loaded before `main`, as a library that links libcudart.so.N (PyTorch's) would.
+        let lib = fake_runtime(&scratch("preloaded"), CUDART_VERSION);
+        return run_child(
+            "a_runtime_already_in_the_process_is_used_instead_of_a_second_one",
+            &[
+                ("CUDA_MEM_CUDART", None),
+                ("LD_PRELOAD", Some(lib.to_str().unwrap())),
+                ("CUDA_MEM_SYS_TEST_PRELOADED", Some(lib.to_str().unwrap())),
+            ],
+        );
+    }
+    let lib = std::env::var("CUDA_MEM_SYS_TEST_PRELOADED").unwrap();
+    let mut n = 0;
+    // SAFETY: a valid out-pointer.
+    let e = unsafe { cudaGetDeviceCount(&mut n) };
+    assert_eq!(
+        (e, n),
+        (cudaError::cudaSuccess, 7),
+        "the preloaded stand-in answers, not the file found at build time"
+    );
+    assert_eq!(runtime_library(), Some(lib.as_str()));
+}
+
+#[test]
+fn c_code_that_calls_cudart_by_name_reaches_the_same_runtime() {
+    // What C or C++ code compiled against the headers links to (the tests crate's references
+    // do): the C symbol, which a load build defines as its forwarding function.
+    extern "C" {
+        #[link_name = "cudaRuntimeGetVersion"]
+        fn c_cudaRuntimeGetVersion(v: *mut std::os::raw::c_int) -> cudaError_t;
+    }
+    const BAD: &str = "/nonexistent/cuda-mem-sys-test-c/libcudart.so.12";
+    if !is_child() {
+        let mut v = 0;
+        // SAFETY: a valid out-pointer; the call needs no driver.
+        let e = unsafe { c_cudaRuntimeGetVersion(&mut v) };
+        assert_eq!((e, v), (cudaError::cudaSuccess, CUDART_VERSION as i32));
+        return run_child(
+            "c_code_that_calls_cudart_by_name_reaches_the_same_runtime",
+            &[("CUDA_MEM_CUDART", Some(BAD))],
+        );
+    }
+    let mut v = 0;
+    // SAFETY: a valid out-pointer.
+    let e = unsafe { c_cudaRuntimeGetVersion(&mut v) };
+    if loaded() {
+        assert_eq!(
+            e,
+            cudaError::cudaErrorSharedObjectInitFailed,
+            "the forwarder answers"
+        );
+        assert!(runtime_load_error().unwrap().contains(BAD));
+    } else {
+        assert_eq!((e, v), (cudaError::cudaSuccess, CUDART_VERSION as i32));
+    }
 }
