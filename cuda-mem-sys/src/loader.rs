@@ -70,39 +70,33 @@ pub(crate) fn library() -> &'static Result<Library, String> {
 /// then the file found at build time, then the `SONAME` through the loader's search path
 /// (`LD_LIBRARY_PATH`, the executable's run path, `ld.so.cache`).
 fn open() -> Result<Library, String> {
-    let mut candidates: Vec<(String, String)> = Vec::new();
+    // (name given to dlopen, where it comes from)
+    let mut candidates: Vec<(String, &str)> = Vec::new();
     match std::env::var_os(OVERRIDE_VAR) {
         Some(v) if !v.is_empty() => {
-            let v = v.to_string_lossy().into_owned();
-            candidates.push((v.clone(), format!("{OVERRIDE_VAR}={v}")));
+            candidates.push((v.to_string_lossy().into_owned(), OVERRIDE_VAR));
         }
         _ => {
             if let Some(lib) = already_loaded() {
                 return Ok(lib);
             }
             if !BUILT_PATH.is_empty() {
-                candidates.push((
-                    BUILT_PATH.to_string(),
-                    format!("{BUILT_PATH} (found at build time)"),
-                ));
+                candidates.push((BUILT_PATH.to_string(), "the file found at build time"));
             }
-            candidates.push((
-                SONAME.to_string(),
-                format!("{SONAME} (the loader's search path)"),
-            ));
+            candidates.push((SONAME.to_string(), "the loader's search path"));
         }
     }
     let mut tried = Vec::new();
     for (name, what) in &candidates {
         match open_one(name) {
             Ok(lib) => return Ok(lib),
-            Err(why) => tried.push(format!("{what}: {why}")),
+            Err(why) => tried.push(format!("{what} ({name}: {why})")),
         }
     }
     Err(format!(
-        "cuda-mem-sys could not open the CUDA runtime library (libcudart), tried: {}. Set \
-         {OVERRIDE_VAR} to the path of a {SONAME} (CUDA {}.x)",
-        tried.join("; "),
+        "cuda-mem-sys could not open the CUDA runtime library, tried {}. Set {OVERRIDE_VAR} to \
+         the path of a {SONAME} (CUDA {}.x)",
+        tried.join(", then "),
         CUDART_VERSION / 1000
     ))
 }
@@ -147,7 +141,12 @@ fn open_one(name: &str) -> Result<Library, String> {
     // which never call back into this crate.
     let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if handle.is_null() {
-        return Err(dlerror_text());
+        // dlerror's text starts with the name, which the caller shows already.
+        let e = dlerror_text();
+        return Err(e
+            .strip_prefix(&format!("{name}: "))
+            .unwrap_or(&e)
+            .to_string());
     }
     check(handle, name)
 }
