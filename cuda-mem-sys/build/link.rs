@@ -25,6 +25,9 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     pub mode: Mode,
+    /// A few words for the build's summary line: the mode and, unless it is the usual static
+    /// linking, why.
+    pub summary: String,
     /// One sentence: why this mode (for the build's message).
     pub why: String,
     /// [`Mode::Load`]: the shared library to open first (an absolute path, baked into the
@@ -113,8 +116,16 @@ pub fn plan(tk: &Toolkit, major: u32, requested: Option<Mode>) -> Result<Plan, S
             )),
         ),
     };
+    let summary = match (mode, requested) {
+        (Mode::Static, None) => "cudart linked statically".to_string(),
+        (Mode::Static, Some(_)) => "cudart linked statically, as CUDA_MEM_SYS_LINK asks".into(),
+        (Mode::Load, None) => "cudart opened at run time: no libcudart_static.a".into(),
+        (Mode::Load, Some(_)) => "cudart opened at run time, as CUDA_MEM_SYS_LINK asks".into(),
+        (Mode::Dynamic, _) => "cudart linked dynamically, as asked".into(),
+    };
     Ok(Plan {
         mode,
+        summary,
         why,
         library: shared,
         soname,

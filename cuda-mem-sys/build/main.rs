@@ -188,16 +188,12 @@ fn main() {
     println!("cargo:fallback=0");
     println!("cargo:link={}", plan.mode.word());
     println!(
-        "cargo:warning=cuda-mem-sys: CUDA {}.{} at {} (found by {}; cudart {}; features: {})",
+        "cargo:warning=cuda-mem-sys: CUDA {}.{} at {} (found by {}; {}; features: {})",
         version / 1000,
         version % 1000 / 10,
         tk.root.display(),
         tk.found_by,
-        match plan.mode {
-            link::Mode::Static => "linked statically",
-            link::Mode::Dynamic => "linked dynamically",
-            link::Mode::Load => "opened at run time",
-        },
+        plan.summary,
         found.join(" ")
     );
 }

@@ -23,12 +23,15 @@
 //! start without `LD_LIBRARY_PATH`. What is opened, in order:
 //!
 //! 1. only the file named by the environment variable `CUDA_MEM_CUDART`, when it is set;
-//! 2. else the `libcudart.so.N` the build script found (its absolute path is baked in);
-//! 3. then `libcudart.so.N` (the `SONAME`) through the loader's search path: `LD_LIBRARY_PATH`,
+//! 2. else a `libcudart.so.N` the process has loaded already (e.g. PyTorch's), so that there
+//!    is one runtime, not two;
+//! 3. else the `libcudart.so.N` the build script found (its absolute path is baked in);
+//! 4. then `libcudart.so.N` (the `SONAME`) through the loader's search path: `LD_LIBRARY_PATH`,
 //!    the executable's run path, `ld.so.cache`.
 //!
 //! A library whose `cudaRuntimeGetVersion` reports another major version than the headers is
-//! refused. The functions keep their exact signatures; after the first call, a call costs one
+//! refused. The functions keep their exact signatures (and are also defined under cudart's C
+//! names, for C code linked into the same program); after the first call, a call costs one
 //! atomic load and an indirect call (like a call through the PLT of a linked `libcudart.so`).
 //! When cudart cannot be opened, every function that returns `cudaError_t` returns
 //! `cudaErrorSharedObjectInitFailed`, and `cudaGetErrorString` of that code, like

@@ -11,11 +11,17 @@
 //! - at first a resolver (`__resolve`), which opens cudart once for the whole process
 //!   ([`library`]), looks the symbol up, stores its address in the slot and calls it;
 //! - then the symbol itself: a call is one load of the slot and an indirect call, no lock and
-//!   no branch (the same work as a call through the PLT of a linked `libcudart.so`);
+//!   no branch (the same work as a call through the PLT of a linked `libcudart.so`: a load
+//!   from the GOT and an indirect jump);
 //! - or, when cudart could not be opened or lacks the symbol, a stand-in (`__unavailable`)
-//!   that returns [`LOAD_FAILED`] or [`SYMBOL_MISSING`] (a null pointer, or the value a
-//!   function without `cudaError_t` documents as its default; `cudaGetErrorName` and
-//!   `cudaGetErrorString` still answer, from the header's names).
+//!   that returns [`LOAD_FAILED`] or [`SYMBOL_MISSING`] (for the few functions that return
+//!   no `cudaError_t`: a null pointer or a zeroed struct; `cudaGetErrorName` and
+//!   `cudaGetErrorString` answer from the header's names and the load error).
+//!
+//! The exported C symbols cannot capture cudart's own calls: libcudart is linked with
+//! `DT_SYMBOLIC` and binds its internal calls to itself, and an executable does not put these
+//! symbols in its dynamic symbol table. (A `cdylib` does export them; they forward to the same
+//! runtime.)
 //!
 //! The slot is read with `Acquire` and written with `Release`: the thread that opened cudart
 //! wrote its relocations before storing the address, and a thread that calls through that

@@ -48,6 +48,7 @@ fn the_static_library_is_linked_where_it_exists() {
     let p = plan(&tk, 13, None).unwrap();
     assert_eq!(p.mode, Mode::Static);
     assert!(p.why.contains("has libcudart_static.a"), "{}", p.why);
+    assert_eq!(p.summary, "cudart linked statically");
     assert_eq!(p.warning, None, "nothing is off");
 }
 
@@ -60,6 +61,10 @@ fn without_the_static_library_the_soname_file_is_opened_at_run_time() {
     assert_eq!(p.library, lib(&tk, "libcudart.so.12"));
     assert_eq!(p.soname, "libcudart.so.12");
     assert!(p.why.contains("no libcudart_static.a"), "{}", p.why);
+    assert_eq!(
+        p.summary,
+        "cudart opened at run time: no libcudart_static.a"
+    );
     assert_eq!(p.warning, None, "nothing is off");
 }
 
