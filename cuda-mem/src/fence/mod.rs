@@ -70,6 +70,11 @@ impl Backend for Cuda {
         Arc::ptr_eq(a, b) || StreamInner::same(a, b)
     }
 
+    fn id(s: &Self::Stream) -> usize {
+        // The shared part's address: two live handles with one address share it.
+        Arc::as_ptr(s) as usize
+    }
+
     fn record(stream: &Self::Stream, reuse: Option<FenceEvent>) -> Result<FenceEvent> {
         let mut capture = 0;
         let _relaxed = if any_open() {
@@ -231,13 +236,36 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
+        Fence::check_queue(stream)?;
+        self.begin_checked(stream, bytes, access)
+    }
+
+    /// Refuses queueing work on `stream` from this thread where the runtime would queue it
+    /// elsewhere (see `StreamInner::check_current`): [`begin`](Self::begin)'s check, made once
+    /// by an operation that begins on several fences ([`begin_checked`](Self::begin_checked)).
+    #[inline]
+    pub(crate) fn check_queue(stream: &Stream) -> Result<()> {
         stream
             .inner()
-            .check_current("queueing work on a default stream (legacy or per-thread)")?;
+            .check_current("queueing work on a default stream (legacy or per-thread)")
+    }
+
+    /// [`begin`](Self::begin) for a caller that made [`check_queue`](Self::check_queue) for
+    /// `stream` on this thread already. Outside stream captures the tracker may take its
+    /// lock-free path ([`Tracker::begin`]); while one is open anywhere, or while the buffer is
+    /// bound to one, every begin takes the lock (and publishes nothing), after the capture
+    /// checks.
+    #[inline]
+    pub(crate) fn begin_checked<'a>(
+        &'a self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<Use<'a>> {
         let legacy = is_legacy(stream.inner()).then(|| stream.inner().device());
         if any_open() || self.capture.load(Ordering::Relaxed) != 0 {
             let _join = self.capture_gate(stream.inner())?;
-            self.core.begin(stream.inner(), bytes, access)?;
+            self.core.begin_slow(stream.inner(), bytes, access)?;
         } else {
             self.core.begin(stream.inner(), bytes, access)?;
         }
@@ -505,6 +533,9 @@ mod tests {
         fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
             a == b
         }
+        fn id(s: &Arc<u32>) -> usize {
+            Arc::as_ptr(s) as usize
+        }
         fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
             fail_or_call(&FAIL_RECORDS)
         }
@@ -672,6 +703,9 @@ mod tests {
         type Error = ();
         fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
             a == b
+        }
+        fn id(s: &Arc<u32>) -> usize {
+            Arc::as_ptr(s) as usize
         }
         fn record(s: &Arc<u32>, _: Option<bool>) -> Result<bool, ()> {
             CAPT_CALLS.with(|c| c.set(c.get() + 1));
