@@ -546,7 +546,10 @@ fn a_leaked_fast_guard_is_settled_by_the_next_exclusive_access() {
         let w = Arc::get_mut(&mut w).expect("the owner is the only one left");
         w.fence.exclusive();
         w.host(Access::Write);
-        assert!(w.fence.is_idle(), "the leaked guard's marks are still pending");
+        assert!(
+            w.fence.is_idle(),
+            "the leaked guard's marks are still pending"
+        );
     });
 }
 

@@ -227,9 +227,7 @@ pub(crate) fn note_legacy(device: i32) {
 /// Whether every legacy-stream work of `device` that a fence marked has completed, as far as
 /// the last drain knows: no legacy work was marked since the drain.
 pub(crate) fn legacy_done(device: i32) -> bool {
-    slot(device).is_some_and(|d| {
-        LEGACY_DRAINED[d].load(Ordering::Acquire) == legacy_marked(d)
-    })
+    slot(device).is_some_and(|d| LEGACY_DRAINED[d].load(Ordering::Acquire) == legacy_marked(d))
 }
 
 /// The calling thread in relaxed capture mode while this lives, where a capture is open: the

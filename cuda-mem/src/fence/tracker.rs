@@ -10,7 +10,8 @@
 //! somebody needs to wait for that work (host access, drop, or work on another stream that
 //! conflicts), and it covers everything S had queued by then (PyTorch's caching allocator
 //! records its stream events the same way, at free time). So queueing work costs two mutex
-//! operations and no runtime call; work on the same stream never waits (stream order already
+//! operations and no runtime call, or none in the steady state of one stream (see the
+//! lock-free path below); work on the same stream never waits (stream order already
 //! implies it); work on disjoint ranges never waits; readers never wait for readers.
 //!
 //! # Marking before the enqueue, and work in flight
@@ -41,6 +42,50 @@
 //! state and waits are those of [`Tracker::mark`] on a new tracker and of [`Tracker::order`].
 //! The mark of `marked` is entered lazily, by the first call that looks at the state: a
 //! buffer freed on its own stream with no other use never makes an entry.
+//!
+//! # The lock-free path
+//!
+//! A locked `begin` that leaves the tracker with one entry *publishes* it (in `Hot`, beside
+//! the count of work in flight): the stream's [`Backend::id`], and a range `[lo, hi)` of its
+//! marks since the last record, write marks (which subsume any access by that stream) or read
+//! marks (which subsume its reads). A `begin` on that stream inside the range then only raises
+//! the count: the marks already stand for its work (the locked path would re-add them and bump
+//! the clock), and with no other entry there is nothing to order it after. The publication is
+//! guarded by a seal, `seq << 2 | mode`, that every change bumps (a seqlock generation: no
+//! A-B-A); the fast path reads the seal, the fields (acquire; the publisher stores them with
+//! release after withdrawing the last publication), raises the count, and reads the seal again.
+//!
+//! Soundness rests on three points.
+//! - *Withdrawal before the count is read.* Every holder of the lock (and every exclusive
+//!   borrow) withdraws the publication before it changes the state or reads the count, and
+//!   reads the count by a read-modify-write (release and acquire). In the count's modification
+//!   order the holder's read comes either after a fast `begin`'s increment (it sees the work
+//!   in flight: its records leave the marks pending, as for a locked `begin` in flight), or
+//!   before it (its release synchronizes with the increment's acquire, and the begin's second
+//!   read of the seal sees the withdrawal: it undoes its increment and takes the lock). So no
+//!   record made while a fast `begin`'s work may still be queueing clears the marks that stand
+//!   for it, and none sets the entry's last covering record to its current clock.
+//! - *No one waits for the fast work meanwhile*, as for any work in flight (see above): work
+//!   that conflicts with it needs a borrow Rust forbids while its guard lives. Work on other
+//!   ranges (views), host reads and readers on other streams may record the entry's event
+//!   meanwhile; it covers what they need, the earlier work, not the fast work, which is on
+//!   other bytes or only reads. An entry added for another stream ends the publication (its
+//!   holder withdraws it, and a tracker with two entries publishes nothing): the next `begin`
+//!   is ordered under the lock. (Marks past `Ranges::MAX` pieces become their hull, which
+//!   may cover bytes the stream never used and another stream wrote: with one entry there is
+//!   no such stream.)
+//! - *The stream is the entry's.* The published id is that of the entry's own handle, which
+//!   the entry keeps alive until a holder removes it, after withdrawing; a caller's handle with
+//!   the same id while the seal holds is therefore the same stream object.
+//!
+//! The fence takes this path only outside stream captures ([`begin_slow`](Tracker::begin_slow)
+//! otherwise). The loom model (`cuda-mem-loom`) checks it against host waits, records, other
+//! streams' begins, exclusive accesses and republication; it fails with the increment or the
+//! holder's read of the count relaxed to a plain access, with the withdrawal removed, with the
+//! validation removed or made before the increment, with a publication beside other entries,
+//! with read marks that let writes through, or with a seal that is not bumped.
+//!
+//! # Failures
 //!
 //! A failure never leaves queued work unseen: marking cannot fail; when recording an event
 //! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
