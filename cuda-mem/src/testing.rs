@@ -80,6 +80,9 @@ impl<B: Backend<Error = Error>> Backend for Faulty<B> {
     fn same(a: &B::Stream, b: &B::Stream) -> bool {
         B::same(a, b)
     }
+    fn id(s: &B::Stream) -> usize {
+        B::id(s)
+    }
     fn record(stream: &B::Stream, reuse: Option<B::Event>) -> Result<B::Event> {
         maybe_fail_record()?;
         B::record(stream, reuse)

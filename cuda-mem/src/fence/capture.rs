@@ -40,10 +40,84 @@ static BEGIN: Mutex<()> = Mutex::new(());
 /// The open captures.
 static REGISTRY: Mutex<Vec<Open>> = Mutex::new(Vec::new());
 
-/// Legacy-stream work marked on fences, per device (the first 64).
-static LEGACY_MARKED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
-/// The value of `LEGACY_MARKED` that the last drain of the legacy stream covered.
+/// The value of [`legacy_marked`] that the last drain of the legacy stream covered, per device
+/// (the first 64).
 static LEGACY_DRAINED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+/// Counts of legacy-stream work marked on fences, per device (the first 64): one set per
+/// thread that noted any ([`note_legacy`], on every legacy `begin`, so on the hot path of
+/// bandwidthTest-style loops: a count of its own costs a thread a load and a store, where one
+/// shared count cost an atomic read-modify-write on a line every such thread writes). Only
+/// its owner writes a set; [`legacy_marked`] sums them all.
+struct Counts([AtomicU64; 64]);
+
+/// Every set of counts ever made (never freed: a thread's counts must stay in the sums after
+/// it exits), and those that no live thread owns (handed to the next thread that needs one:
+/// there are never more sets than threads noting at once).
+struct Registry {
+    all: Vec<&'static Counts>,
+    free: Vec<&'static Counts>,
+}
+
+static COUNTS: Mutex<Registry> = Mutex::new(Registry {
+    all: Vec::new(),
+    free: Vec::new(),
+});
+/// Legacy work noted by a thread whose thread-local storage is already gone (noted while it
+/// exits, from another thread-local's destructor).
+static LATE_MARKED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+fn counts_registry() -> MutexGuard<'static, Registry> {
+    // Nothing panics while holding it; recover the lists anyway.
+    COUNTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// This thread's set of counts, taken at its first note and handed back when it exits.
+struct MyCounts(std::cell::Cell<Option<&'static Counts>>);
+
+impl MyCounts {
+    fn get(&self) -> &'static Counts {
+        if let Some(c) = self.0.get() {
+            return c;
+        }
+        let mut r = counts_registry();
+        let c = match r.free.pop() {
+            Some(c) => c,
+            None => {
+                let c: &'static Counts =
+                    Box::leak(Box::new(Counts([const { AtomicU64::new(0) }; 64])));
+                r.all.push(c);
+                c
+            }
+        };
+        self.0.set(Some(c));
+        c
+    }
+}
+
+impl Drop for MyCounts {
+    fn drop(&mut self) {
+        // Its values stay (counted in `all`); the next owner counts on from them. The lock
+        // orders this thread's last store before the next owner's first load.
+        if let Some(c) = self.0.take() {
+            counts_registry().free.push(c);
+        }
+    }
+}
+
+thread_local! {
+    static MY_COUNTS: MyCounts = const { MyCounts(std::cell::Cell::new(None)) };
+}
+
+/// The legacy-stream work on device slot `d` noted so far, by every thread.
+fn legacy_marked(d: usize) -> u64 {
+    let r = counts_registry();
+    r.all
+        .iter()
+        .map(|c| c.0[d].load(Ordering::Acquire))
+        .sum::<u64>()
+        + LATE_MARKED[d].load(Ordering::Acquire)
+}
 
 /// The bit of a fence's binding that says the buffer is graph memory (allocated inside the
 /// capture): the rest of the binding is the capture's token.
@@ -138,16 +212,22 @@ fn slot(device: i32) -> Option<usize> {
 #[inline]
 pub(crate) fn note_legacy(device: i32) {
     if let Some(d) = slot(device) {
-        LEGACY_MARKED[d].fetch_add(1, Ordering::AcqRel);
+        let noted = MY_COUNTS.try_with(|m| {
+            // Only this thread writes its counts: a load and a store (release, for the
+            // readers of `legacy_marked`), no read-modify-write.
+            let c = &m.get().0[d];
+            c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+        });
+        if noted.is_err() {
+            LATE_MARKED[d].fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
 /// Whether every legacy-stream work of `device` that a fence marked has completed, as far as
 /// the last drain knows: no legacy work was marked since the drain.
 pub(crate) fn legacy_done(device: i32) -> bool {
-    slot(device).is_some_and(|d| {
-        LEGACY_DRAINED[d].load(Ordering::Acquire) == LEGACY_MARKED[d].load(Ordering::Acquire)
-    })
+    slot(device).is_some_and(|d| LEGACY_DRAINED[d].load(Ordering::Acquire) == legacy_marked(d))
 }
 
 /// The calling thread in relaxed capture mode while this lives, where a capture is open: the
@@ -229,7 +309,7 @@ fn drain_legacy(device: i32) -> Result<()> {
     let Some(d) = slot(device) else {
         return Ok(());
     };
-    let marked = LEGACY_MARKED[d].load(Ordering::Acquire);
+    let marked = legacy_marked(d);
     let _g = crate::handles::devices::Device::from_ordinal_unchecked(device).guard()?;
     // SAFETY: the null handle is the legacy stream of the device made current above.
     let code = unsafe { sys::cudaStreamSynchronize(std::ptr::null_mut()) };
@@ -279,3 +359,28 @@ pub(crate) const OUTSIDE_CAPTURE: &str =
 pub(crate) const STREAM_CAPTURING: &str =
     "the stream is capturing: its work runs only when the graph is launched, so the host \
      cannot wait for it";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Legacy work noted on any thread stays counted after the thread exits (its counts are
+    /// handed to the next thread, which counts on from them), so that a capture's drain and
+    /// `legacy_done` see every note. (Device slot 63: no other test notes there.)
+    #[test]
+    fn legacy_notes_of_every_thread_stay_counted_after_it_exits() {
+        let before = legacy_marked(63);
+        note_legacy(63);
+        thread::spawn(|| {
+            note_legacy(63);
+            note_legacy(63);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(legacy_marked(63), before + 3);
+        thread::spawn(|| note_legacy(63)).join().unwrap();
+        assert_eq!(legacy_marked(63), before + 4);
+        note_legacy(64); // past the slots: ignored
+        assert_eq!(legacy_marked(63), before + 4);
+    }
+}

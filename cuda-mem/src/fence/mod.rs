@@ -70,6 +70,11 @@ impl Backend for Cuda {
         Arc::ptr_eq(a, b) || StreamInner::same(a, b)
     }
 
+    fn id(s: &Self::Stream) -> usize {
+        // The shared part's address: two live handles with one address share it.
+        Arc::as_ptr(s) as usize
+    }
+
     fn record(stream: &Self::Stream, reuse: Option<FenceEvent>) -> Result<FenceEvent> {
         let mut capture = 0;
         let _relaxed = if any_open() {
@@ -231,13 +236,36 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
+        Fence::check_queue(stream)?;
+        self.begin_checked(stream, bytes, access)
+    }
+
+    /// Refuses queueing work on `stream` from this thread where the runtime would queue it
+    /// elsewhere (see `StreamInner::check_current`): [`begin`](Self::begin)'s check, made once
+    /// by an operation that begins on several fences ([`begin_checked`](Self::begin_checked)).
+    #[inline]
+    pub(crate) fn check_queue(stream: &Stream) -> Result<()> {
         stream
             .inner()
-            .check_current("queueing work on a default stream (legacy or per-thread)")?;
+            .check_current("queueing work on a default stream (legacy or per-thread)")
+    }
+
+    /// [`begin`](Self::begin) for a caller that made [`check_queue`](Self::check_queue) for
+    /// `stream` on this thread already. Outside stream captures the tracker may take its
+    /// lock-free path ([`Tracker::begin`]); while one is open anywhere, or while the buffer is
+    /// bound to one, every begin takes the lock (and publishes nothing), after the capture
+    /// checks.
+    #[inline]
+    pub(crate) fn begin_checked<'a>(
+        &'a self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<Use<'a>> {
         let legacy = is_legacy(stream.inner()).then(|| stream.inner().device());
         if any_open() || self.capture.load(Ordering::Relaxed) != 0 {
             let _join = self.capture_gate(stream.inner())?;
-            self.core.begin(stream.inner(), bytes, access)?;
+            self.core.begin_slow(stream.inner(), bytes, access)?;
         } else {
             self.core.begin(stream.inner(), bytes, access)?;
         }
@@ -505,6 +533,9 @@ mod tests {
         fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
             a == b
         }
+        fn id(s: &Arc<u32>) -> usize {
+            Arc::as_ptr(s) as usize
+        }
         fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
             fail_or_call(&FAIL_RECORDS)
         }
@@ -658,6 +689,147 @@ mod tests {
         );
     }
 
+    /// This thread's lock acquisitions by trackers since the last call.
+    fn locks_since() -> usize {
+        super::tracker::tests_hook::LOCKS.with(|c| c.replace(0))
+    }
+
+    /// Issue 21.1: one stream that keeps queueing work on a buffer, inside the range its last
+    /// locked `begin` marked, takes no lock and makes no call (the lock-free path), reads and
+    /// writes alike under a write's marks; and a host write afterwards still waits for it
+    /// (records and synchronizes an event).
+    #[test]
+    fn one_stream_queueing_inside_its_marks_takes_no_lock() {
+        let s = Arc::new(0);
+        let t = Tracker::<Counting>::default();
+        t.begin(&s, (0, 64), Access::Write).unwrap();
+        t.end();
+        locks_since();
+        for _ in 0..10 {
+            t.begin(&s, (0, 64), Access::Write).unwrap();
+            t.end();
+            t.begin(&s, (16, 32), Access::Read).unwrap();
+            t.end();
+        }
+        assert_eq!(locks_since(), 0, "the steady state took the lock");
+        assert_eq!(CALLS.with(Cell::get), 0);
+        EVENT_SYNCS.with(|c| c.set(0));
+        t.host_wait(Access::Write).unwrap();
+        assert_eq!(
+            (CALLS.with(Cell::get), EVENT_SYNCS.with(Cell::get)),
+            (2, 1),
+            "the host write did not wait for the fast begins' work (record + sync)"
+        );
+        assert!(t.is_idle());
+    }
+
+    /// The lock-free path is taken only while the publication stands for the state: after a
+    /// record that covers the marks, beside another stream's entry, for another stream, for a
+    /// write under read marks, outside the marked range, for another handle to the stream, and
+    /// after `begin_slow`, `begin` takes the lock (and publishes again where it can).
+    #[test]
+    fn the_lock_free_path_stops_where_its_publication_does() {
+        let (s, other) = (Arc::new(0), Arc::new(1));
+        let step = |t: &Tracker<Counting>, st: &Arc<u32>, r: (usize, usize), a: Access| {
+            locks_since();
+            t.begin(st, r, a).unwrap();
+            t.end();
+            locks_since()
+        };
+        let w = Access::Write;
+        let r = Access::Read;
+
+        // A host wait records and covers the marks: the next begin marks anew under the lock.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 64), w), 1);
+        t.host_wait(Access::Read).unwrap();
+        assert_eq!(step(&t, &s, (0, 64), r), 1, "fast after a covering record");
+        assert_eq!(step(&t, &s, (0, 64), r), 0, "republished");
+        // Read marks let reads through, not writes.
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "a write under read marks");
+        assert_eq!(step(&t, &s, (0, 64), w), 0);
+
+        // Another stream's entry: nothing is published while it stays.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 64), w), 1);
+        assert_eq!(step(&t, &other, (0, 8), r), 1, "another stream went fast");
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
+
+        // Outside the marked range; then the merged range is published.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 32), w), 1);
+        assert_eq!(step(&t, &s, (32, 64), w), 1, "fast outside the marks");
+        assert_eq!(step(&t, &s, (0, 64), w), 0, "the merged marks");
+
+        // Another handle to the same stream (ids differ): the lock, never a wrong answer.
+        let same = Arc::new(0);
+        assert_eq!(step(&t, &same, (0, 64), w), 1);
+
+        // `begin_slow` (capture paths) withdraws and publishes nothing.
+        let t = Tracker::<Counting>::default();
+        t.begin_slow(&s, (0, 64), w).unwrap();
+        t.end();
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "begin_slow published");
+        t.begin_slow(&s, (0, 64), w).unwrap();
+        t.end();
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "begin_slow left a publication");
+    }
+
+    /// A host read beside a fast `begin` still queueing (its guard alive): the read's record
+    /// does not cover that work, so the marks stay pending and the next host wait records
+    /// again. (If the fast begin were not counted in flight, the first record would clear the
+    /// marks and the second wait would make no call: a host write would then not wait for
+    /// the work queued after the first record.)
+    #[test]
+    fn a_host_wait_beside_a_fast_begin_keeps_its_marks_pending() {
+        let s = Arc::new(0);
+        let t = Tracker::<Counting>::default();
+        t.begin(&s, (0, 64), Access::Write).unwrap();
+        t.end();
+        locks_since();
+        t.begin(&s, (0, 32), Access::Read).unwrap(); // fast; its work not yet queued
+        assert_eq!(locks_since(), 0);
+        EVENT_SYNCS.with(|c| c.set(0));
+        t.host_wait(Access::Read).unwrap(); // a host read on another thread, meanwhile
+        t.end(); // the read is queued now
+        t.host_wait(Access::Write).unwrap();
+        assert_eq!(
+            EVENT_SYNCS.with(Cell::get),
+            2,
+            "the write waited on the event recorded before the fast begin's work"
+        );
+        assert!(t.is_idle());
+    }
+
+    /// At the fence: a buffer bound to a stream capture takes the lock on every begin (the
+    /// capture checks run first), and goes back to the lock-free path once unbound.
+    #[test]
+    fn a_fence_bound_to_a_capture_takes_the_lock() {
+        // SAFETY: a stand-in handle that never reaches the runtime: not a default stream (no
+        // device check), and its fence holds this one stream only (nothing is recorded).
+        let s = unsafe {
+            crate::Stream::from_raw(
+                std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
+                crate::Device::from_ordinal_unchecked(0),
+            )
+        };
+        let f = super::Fence::default();
+        let step = |f: &super::Fence| {
+            locks_since();
+            drop(f.begin(&s, (0, 64), Access::Write).unwrap());
+            locks_since()
+        };
+        assert_eq!(step(&f), 1);
+        assert_eq!(step(&f), 0);
+        f.bind(7).unwrap();
+        assert_eq!(step(&f), 1, "fast while bound to a capture");
+        assert_eq!(step(&f), 1, "fast while bound to a capture");
+        f.unbind(7);
+        assert_eq!(step(&f), 1);
+        assert_eq!(step(&f), 0);
+    }
+
     thread_local! {
         static CAPT_CALLS: Cell<u32> = const { Cell::new(0) };
     }
@@ -672,6 +844,9 @@ mod tests {
         type Error = ();
         fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
             a == b
+        }
+        fn id(s: &Arc<u32>) -> usize {
+            Arc::as_ptr(s) as usize
         }
         fn record(s: &Arc<u32>, _: Option<bool>) -> Result<bool, ()> {
             CAPT_CALLS.with(|c| c.set(c.get() + 1));
