@@ -345,6 +345,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Unix sockets and SCM_RIGHTS: system calls Miri does not model"
+    )]
     fn messages_and_a_descriptor_cross_the_channel() {
         let (a, b) = Channel::pair().unwrap();
         let m = Message::Pass {
@@ -385,6 +389,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Unix sockets and SCM_RIGHTS: system calls Miri does not model"
+    )]
     fn a_truncated_message_a_closed_peer_and_a_timeout_are_exact_errors() {
         // Cut in the header.
         let (a, b) = UnixStream::pair().unwrap();
@@ -439,6 +447,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Unix sockets and SCM_RIGHTS: system calls Miri does not model"
+    )]
     fn a_listener_meets_a_connecting_process_and_removes_its_path() {
         let path = std::env::temp_dir().join(format!("cuda-mem-ipc-test-{}", std::process::id()));
         let l = Listener::bind(&path).unwrap();
