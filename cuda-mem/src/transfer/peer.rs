@@ -24,7 +24,7 @@ use cuda_mem_sys as sys;
 use crate::contract::memory::sealed::Async;
 use crate::contract::size::{self, fmt_bytes};
 use crate::error::{check, Misuse, Result};
-use crate::fence::Access;
+use crate::fence::{Access, Fence};
 use crate::handles::devices::Device;
 use crate::handles::event::Event;
 use crate::handles::flags::HostAllocFlags;
@@ -198,8 +198,9 @@ pub fn copy_peer_range_async<T: Pod>(
     // device current (owned streams carry their context and need nothing).
     let _g = stream.inner().enter()?;
     // Marked when these drop, after the copy is queued below.
-    let _src_use = src.async_fence().begin(stream, sr, Access::Read)?;
-    let _dst_use = dst.async_fence().begin(stream, dr, Access::Write)?;
+    Fence::check_queue(stream)?;
+    let _src_use = src.async_fence().begin_checked(stream, sr, Access::Read)?;
+    let _dst_use = dst.async_fence().begin_checked(stream, dr, Access::Write)?;
     // SAFETY: both ranges lie inside live device allocations of the devices named
     // (`Plan::new`); `dst` is borrowed mutably. The copy outlives this call, which is sound
     // because both buffers wait for the uses marked above before host access or free, and
