@@ -4,8 +4,9 @@
 # driver. The cuda-mem binary is built on its own (`-p cuda-mem-cli`), without the library's
 # fault seams, which a workspace build unifies in from the tests crate (feature `testing`).
 # cudart is linked statically where the toolkit has libcudart_static.a; otherwise
-# (CUDA 12.0 to 12.4 wheels) the bundle carries the toolkit's libcudart.so.N in lib/, found
-# through the executables' rpath ($ORIGIN/../lib) and run.sh's LD_LIBRARY_PATH.
+# (the CUDA 12.0 to 12.6 wheels) cuda-mem-sys opens it at run time, and the bundle carries the
+# toolkit's libcudart.so.N in lib/, found through the executables' rpath ($ORIGIN/../lib)
+# and run.sh's LD_LIBRARY_PATH (the path baked in at build time does not exist there).
 #
 #   scripts/bundle.sh                         # bundle/cuda-13.0/ (or the installed toolkit's)
 #   CUDA_MEM_CUDA=12.0 scripts/bundle.sh      # bundle/cuda-12.0/ (dynamic cudart carried)
@@ -61,17 +62,22 @@ if grep -qaF 'forced by cuda_mem::testing' "$out/bin/cuda-mem"; then
   echo "bundle.sh: bin/cuda-mem carries cuda-mem's test seams (feature \`testing\`)" >&2; exit 1
 fi
 
-# A dynamically linked cudart travels with the bundle.
+# A cudart that is not linked in travels with the bundle: one linked dynamically (a NEEDED
+# entry, CUDA_MEM_SYS_LINK=dynamic) or one opened at run time (the executables then carry the
+# name of cuda-mem-sys's loader variable, CUDA_MEM_CUDART).
 need=$(readelf -d "$out/bin/cuda-mem" | sed -n 's/.*NEEDED.*\[\(libcudart\.so[^]]*\)\].*/\1/p')
+if [ -z "$need" ] && grep -qaF CUDA_MEM_CUDART "$out/bin/cuda-mem"; then
+  need="libcudart.so.${ver%%.*}"
+fi
 link="static cudart"
 if [ -n "$need" ]; then
   lib=$(find -L "$root" -name "$need" -type f 2>/dev/null | head -n1)
   [ -n "$lib" ] || { echo "bundle.sh: $need not found under $root" >&2; exit 1; }
   mkdir -p "$out/lib"
   cp -L "$lib" "$out/lib/$need"
-  link="dynamic cudart: lib/$need"
+  link="cudart not linked in: lib/$need"
 fi
-# (`--version` makes no CUDA call; a dynamic cudart is found through the rpath, in lib/.)
+# (`--version` makes no CUDA call.)
 features=$("$out/bin/cuda-mem" --version)
 case "$features" in
   *"library features: "*testing*) echo "bundle.sh: $features: built with \`testing\`" >&2; exit 1 ;;

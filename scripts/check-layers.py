@@ -3,7 +3,7 @@
 
 Reads every `crate::a::b` path in cuda-mem/src (imports and qualified uses, outside comments
 and `#[cfg(test)]` modules), maps each file to its top-level module (its folder: `fence`,
-`handles`, `contract`, `alloc`, `kinds`, `ops`, `transfer`, `interop`; or its own file: `error`,
+`handles`, `contract`, `alloc`, `kinds`, `ops`, `transfer`, `interop`, `ipc`; or its own file: `error`,
 `profiler`), builds the graph "module -> modules it names", and fails (exit 1) on
 - a strongly connected component of more than one module (an import cycle), or
 - an edge from a module to one of a higher layer in LAYERS (the order the README's map shows).
@@ -29,7 +29,7 @@ LAYERS = [
     {"kinds"},
     {"ops"},
     {"transfer"},
-    {"interop", "profiler"},
+    {"interop", "profiler", "ipc"},
 ]
 
 

@@ -11,13 +11,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(scripts/setup.sh | tail -n1)
 export CUDA_PATH="$root"
-# A toolkit without libcudart_static.a (e.g. 12.0 wheels) is linked dynamically: let the
-# loader find its cudart.
-for l in lib64 lib lib/x86_64-linux-gnu targets/x86_64-linux/lib; do
-  if compgen -G "$root/$l/libcudart.so*" >/dev/null; then
-    export LD_LIBRARY_PATH="$root/$l${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break
-  fi
-done
 # Built on its own (`-p cuda-mem-cli`, never with the workspace): a workspace build unifies in
 # cuda-mem's `testing` feature (the fault seams) from the tests crate.
 exe=$(cargo build --release -q -p cuda-mem-cli --bin cuda-mem --message-format=json |

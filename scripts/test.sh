@@ -15,13 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(scripts/setup.sh | tail -n1)
 export CUDA_PATH="$root"
-# A toolkit without libcudart_static.a (e.g. 12.0 wheels) is linked dynamically: the test
-# executables must find its cudart.
-for l in lib64 lib lib/x86_64-linux-gnu targets/x86_64-linux/lib; do
-  if compgen -G "$root/$l/libcudart.so*" >/dev/null; then
-    export LD_LIBRARY_PATH="$root/$l${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break
-  fi
-done
+# No LD_LIBRARY_PATH: a toolkit without libcudart_static.a (the 12.x wheels) has cudart opened
+# at run time from the file the build found (cuda-mem-sys/src/loader.rs).
 echo "== cuda-mem tests against $CUDA_PATH"
 export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
 export RUSTDOCFLAGS="${RUSTDOCFLAGS:-} -D warnings"

@@ -118,9 +118,11 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub thresholds: Thresholds,
     /// Run only these sections, comma-separated: copies, bidir, kernels, alloc, pools, calls,
-    /// host, multi (default: all).
+    /// host, graphs, shmoo, peers, multi (default: all), and ipc (two processes: only when
+    /// named).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = [
-        "copies", "bidir", "kernels", "alloc", "pools", "calls", "host", "multi"
+        "copies", "bidir", "kernels", "alloc", "pools", "calls", "host", "graphs", "shmoo",
+        "peers", "multi", "ipc"
     ])]
     pub sections: Option<Vec<String>>,
 }

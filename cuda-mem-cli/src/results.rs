@@ -234,9 +234,17 @@ pub struct BenchResults {
     pub bidir: Vec<BidirRow>,
     /// Host-side speed: pinned pool, cold pinning, staged copies (`bench::host`).
     pub host: Vec<HostRow>,
+    /// NVIDIA bandwidthTest's shmoo, ours beside raw (`bench::shmoo`): one row per direction
+    /// and size (`config` empty), then per direction the bands' geometric means and the
+    /// lowest ratio of any size (`config` says which).
+    pub shmoo: Vec<HostRow>,
+    /// The same operations through cudarc in the same run (`bench::peers`): ours beside
+    /// cudarc's (`reference`); `ratio` is the speed of ours over cudarc's.
+    pub peers: Vec<HostRow>,
 }
 
-/// One host-side figure (`bench::host`) beside its reference from the same run.
+/// One figure beside its reference from the same run: host-side (`bench::host`), the shmoo
+/// (`bench::shmoo`, reference: raw calls) and the peers (`bench::peers`, reference: cudarc).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostRow {
     /// `memcpy`, `pool`, `pool_threads`, `host_pool_vs_pinned_pool`, `cold_pin`,
@@ -499,6 +507,35 @@ pub mod sample {
                 ours: 30.5,
                 reference: 8.3,
                 ratio: 3.67,
+            }],
+            shmoo: vec![
+                HostRow {
+                    test: "shmoo_h2d",
+                    config: String::new(),
+                    bytes: 22_000,
+                    unit: "GB/s",
+                    ours: 8.1,
+                    reference: 8.3,
+                    ratio: 0.976,
+                },
+                HostRow {
+                    test: "shmoo_h2d",
+                    config: "band 22 kB-1 MB (geometric mean of 29 sizes)".into(),
+                    bytes: 1_000_000,
+                    unit: "GB/s",
+                    ours: 20.2,
+                    reference: 20.4,
+                    ratio: 0.99,
+                },
+            ],
+            peers: vec![HostRow {
+                test: "alloc_free_pinned",
+                config: "pool / cudarc alloc_pinned".into(),
+                bytes: 4096,
+                unit: "us",
+                ours: 0.15,
+                reference: 5.9,
+                ratio: 39.3,
             }],
         }
     }

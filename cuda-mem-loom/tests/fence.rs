@@ -86,6 +86,10 @@ impl Backend for Model {
         a.id == b.id
     }
 
+    fn id(s: &MockStream) -> usize {
+        s.id
+    }
+
     fn record(stream: &MockStream, _reuse: Option<MockEvent>) -> Result<MockEvent, Failed> {
         let mut g = stream.gpu.lock().unwrap();
         if g.fail_records > 0 {
@@ -480,5 +484,118 @@ fn a_leaked_guard_is_settled_by_the_next_exclusive_access() {
             w.fence.is_idle(),
             "the leaked guard's marks are still pending"
         );
+    });
+}
+
+/// The lock-free path of `begin`: stream 0's write publishes its marks, then a read on stream 0
+/// inside them (a fast `begin`, no new mark) runs beside a host read on another thread, whose
+/// record must not count as covering the fast read while it may still be queueing (it is in
+/// flight: the record leaves the marks pending). The host write afterwards waits for the read.
+/// Caught: the fast path's increment `Relaxed`, the holder's read of the count a plain load
+/// (the Dekker pair of `invalidate`), and holders that do not withdraw the publication.
+#[test]
+fn a_fast_begin_beside_a_host_read_keeps_its_marks() {
+    model(|| {
+        let w = World::new(1);
+        w.queue(0, ALL, Access::Write);
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Read));
+        let b = spawn(&w, |w| w.host(Access::Read));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.host(Access::Write);
+    });
+}
+
+/// A fast write on one half (a view, `split_at_mut`) beside another stream's write on the
+/// other half, which waits for the earlier whole-buffer write of stream 0 and records while
+/// the fast write may be in flight: that wait must not be remembered as covering stream 0's
+/// work, nor its record clear the marks, so that a later reader of the first half on stream 1
+/// still waits for the fast write.
+#[test]
+fn a_fast_write_beside_another_streams_writer_on_the_other_half() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(0, ALL, Access::Write);
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.queue(1, (0, 32), Access::Read);
+        w.host(Access::Write);
+    });
+}
+
+/// A fast `begin` whose guard is leaked (no `end`) beside a reader on another stream; the
+/// owner's exclusive access drops the count, and its host write then waits for the leaked
+/// guard's work (its marks were still pending) and leaves the fence idle.
+#[test]
+fn a_leaked_fast_guard_is_settled_by_the_next_exclusive_access() {
+    model(|| {
+        let mut w = World::new(2);
+        w.queue(0, ALL, Access::Write);
+        let a = spawn(&w, |w| {
+            w.fence
+                .begin(&w.streams[0], (0, 32), Access::Read)
+                .expect("the model's waits do not fail");
+            w.enqueue(0, (0, 32), Access::Read);
+            // No `end`: the guard was leaked.
+        });
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Read));
+        a.join().unwrap();
+        b.join().unwrap();
+        let w = Arc::get_mut(&mut w).expect("the owner is the only one left");
+        w.fence.exclusive();
+        w.host(Access::Write);
+        assert!(
+            w.fence.is_idle(),
+            "the leaked guard's marks are still pending"
+        );
+    });
+}
+
+/// What a publication covers, on one thread: read marks let reads through only (a write
+/// inside them takes the lock and is marked, so a reader on another stream waits for it), and
+/// a stream with marks beside another stream's entry publishes nothing (its marks, merged into
+/// their hull past four pieces, may cover bytes it never used, which the other stream wrote).
+/// Caught: a read publication that lets writes through, and publishing beside other entries.
+#[test]
+fn publications_cover_only_what_their_marks_subsume() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(0, ALL, Access::Read);
+        w.queue(0, ALL, Access::Write);
+        w.queue(1, ALL, Access::Read);
+
+        // Stream 0's reads of five pieces are kept as their hull, which covers stream 1's
+        // write in a gap: stream 0's read there must still wait for it.
+        let w = World::new(2);
+        w.queue(1, (40, 44), Access::Write);
+        for p in [0, 8, 16, 24, 48] {
+            w.queue(0, (p, p + 4), Access::Read);
+        }
+        w.queue(0, (40, 44), Access::Read);
+        w.host(Access::Write);
+    });
+}
+
+/// A fast `begin` racing a holder that withdraws the publication and another that publishes
+/// anew, in the same mode, for another stream (a host read that completes stream 0's write
+/// and empties the fence, then a write on stream 1 to the other half): the fast path either
+/// validates the first publication (and the holders then see it in flight) or falls back to
+/// the lock; it never takes the fields of one publication for the other's. Then a host write
+/// waits for everything. Caught: a seal whose sequence number is not bumped (A-B-A).
+#[test]
+fn a_fast_begin_racing_a_new_publication() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(0, ALL, Access::Write);
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Read));
+        let b = spawn(&w, |w| {
+            w.host(Access::Read);
+            w.queue(1, (32, 64), Access::Write);
+        });
+        a.join().unwrap();
+        b.join().unwrap();
+        w.host(Access::Write);
     });
 }

@@ -644,10 +644,11 @@ impl Comm {
         self.raw
     }
 
-    fn check_device(&self, op: &str, what: &str, found: i32) -> Result<()> {
-        if found != self.device.ordinal() {
+    fn check_device(&self, op: &str, what: &str, found: cuda_mem::Device) -> Result<()> {
+        if found != self.device {
             return Err(Error::Misuse(format!(
-                "{op}: the {what} is on device {found}, the communicator's rank {} on device {}",
+                "{op}: the {what} is on device {}, the communicator's rank {} on device {}",
+                found.ordinal(),
                 self.rank,
                 self.device.ordinal()
             )));
@@ -656,7 +657,7 @@ impl Comm {
     }
 
     fn check_stream(&self, op: &str, stream: &Stream) -> Result<()> {
-        self.check_device(op, "stream", stream.device().ordinal())
+        self.check_device(op, "stream", stream.device())
     }
 
     /// A direct (ungrouped) collective, `op` for errors: refused where NCCL would not run it at

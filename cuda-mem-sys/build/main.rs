@@ -11,6 +11,7 @@
 //! | `DEP_CUDART_INCLUDE` | its header folders, joined like `PATH` (`std::env::split_paths`) |
 //! | `DEP_CUDART_VERSION` | `CUDART_VERSION` from the header, e.g. `13000` for CUDA 13.0 |
 //! | `DEP_CUDART_FALLBACK` | `1` when the committed bindings were used, else `0` |
+//! | `DEP_CUDART_LINK` | how cudart is reached: `static`, `load` (opened at run time), `dynamic`, or `none` (fallback bindings) |
 //! | `DEP_CUDART_FEATURES` | the API features the headers declare, comma-separated (below) |
 //! | `DEP_CUDART_KNOWN_FEATURES` | every feature name this version of the build script knows |
 //!
@@ -44,14 +45,21 @@
 //!   (`site-packages/nvidia/cu13`, `nvidia/cuda_runtime` + `nvidia/cuda_nvcc`) and last the
 //!   distribution's packages (`/usr/include`, `/usr/lib/x86_64-linux-gnu`). Every root may
 //!   also keep its files in `targets/x86_64-linux/`.
-//! - `CUDA_MEM_SYS_LINK=dynamic` (or the `dynamic-link` feature): link `libcudart.so`
-//!   instead of `libcudart_static.a`.
+//! - `CUDA_MEM_SYS_LINK`: how executables reach cudart (`DEP_CUDART_LINK` tells dependants):
+//!   - unset: `static` where the toolkit has `libcudart_static.a`, else `load`;
+//!   - `static`: link `libcudart_static.a` (executables need only the driver);
+//!   - `load`: link nothing; `src/loader.rs` opens cudart at the first call: the file found
+//!     now (its absolute path is baked in), else its `SONAME` (`libcudart.so.12`) through the
+//!     loader's search path, or only the file named by `CUDA_MEM_CUDART` at run time;
+//!   - `dynamic` (or the `dynamic-link` feature): link `libcudart.so` as a `NEEDED` library
+//!     (the system's loader must find it when the program starts: `LD_LIBRARY_PATH`).
 //! - `CUDA_MEM_SYS_FALLBACK_BINDINGS=1`, or `DOCS_RS`: use the committed bindings in
 //!   `src/bindings/` and link nothing (documentation builds).
 
 mod bindings;
 mod features;
 mod link;
+mod loader;
 mod toolkit;
 
 use std::env;
@@ -79,6 +87,8 @@ fn main() {
     let fallback = env_var("DOCS_RS").is_some()
         || env_var("CUDA_MEM_SYS_FALLBACK_BINDINGS").is_some_and(|v| v != "0" && !v.is_empty());
     println!("cargo:rustc-check-cfg=cfg(cuda_mem_sys_fallback)");
+    println!("cargo:rustc-check-cfg=cfg(cuda_mem_sys_load)");
+    println!("cargo:rustc-check-cfg=cfg(cuda_mem_sys_dynamic)");
     if fallback {
         println!("cargo:rustc-cfg=cuda_mem_sys_fallback");
         let committed = Path::new(&env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"))
@@ -88,6 +98,7 @@ fn main() {
         println!("cargo:include=");
         println!("cargo:version={}", bindings::FALLBACK_VERSION);
         println!("cargo:fallback=1");
+        println!("cargo:link=none");
         return;
     }
 
@@ -126,19 +137,63 @@ fn main() {
         fail(&msg);
     }
     let found = publish_features(&generated);
-    link::emit(&tk, env_var("CUDA_MEM_SYS_LINK"));
+
+    let requested = link::requested(
+        env_var("CUDA_MEM_SYS_LINK").as_deref(),
+        cfg!(feature = "dynamic-link"),
+    )
+    .unwrap_or_else(|msg| fail(&msg));
+    let plan = link::plan(&tk, version / 1000, requested).unwrap_or_else(|msg| fail(&msg));
+    if plan.mode == link::Mode::Load {
+        let text = std::fs::read_to_string(&generated).unwrap_or_else(|e| {
+            fail(&format!(
+                "cuda-mem-sys: cannot read {}: {e}",
+                generated.display()
+            ))
+        });
+        let fns = loader::generate(&text).unwrap_or_else(|msg| fail(&msg));
+        let out = out_dir.join("cudart_fns.rs");
+        std::fs::write(&out, fns).unwrap_or_else(|e| {
+            fail(&format!(
+                "cuda-mem-sys: cannot write {}: {e}",
+                out.display()
+            ))
+        });
+    }
+    link::emit(&tk, &plan);
+    let how = match (plan.mode, &plan.library) {
+        (link::Mode::Static, _) => "linked statically".to_string(),
+        (link::Mode::Dynamic, _) => format!("linked dynamically ({})", plan.soname),
+        (link::Mode::Load, Some(p)) => format!(
+            "opened at run time: {}, else {} through the loader's search path",
+            p.display(),
+            plan.soname
+        ),
+        (link::Mode::Load, None) => format!(
+            "opened at run time: {} through the loader's search path",
+            plan.soname
+        ),
+    };
+    // Seen with `cargo build -vv` (and in the build script's output file); the summary below
+    // is a warning, so that it shows in every build of this workspace.
+    println!("cuda-mem-sys: cudart {how}, because {}", plan.why);
+    if let Some(w) = &plan.warning {
+        println!("cargo:warning={w}");
+    }
 
     let includes = env::join_paths(&tk.include_dirs).unwrap_or_default();
     println!("cargo:root={}", tk.root.display());
     println!("cargo:include={}", includes.to_string_lossy());
     println!("cargo:version={version}");
     println!("cargo:fallback=0");
+    println!("cargo:link={}", plan.mode.word());
     println!(
-        "cargo:warning=cuda-mem-sys: CUDA {}.{} at {} (found by {}; features: {})",
+        "cargo:warning=cuda-mem-sys: CUDA {}.{} at {} (found by {}; {}; features: {})",
         version / 1000,
         version % 1000 / 10,
         tk.root.display(),
         tk.found_by,
+        plan.summary,
         found.join(" ")
     );
 }

@@ -1,7 +1,9 @@
-//! cuda-mem and cudarc in one program: kernels launched through cudarc on cuda-mem memory
-//! (a `DeviceBuffer` filled by an asynchronous copy from pinned memory, and a view of it), and
-//! cudarc memory (`CudaSlice`) read and written by cuda-mem copies, on several streams. Each
-//! result is checked bit for bit against the same computation on the CPU.
+//! cuda-mem and cudarc in one program: a cudarc kernel launched on cuda-mem memory (a
+//! `DeviceBuffer` filled by an asynchronous copy from pinned memory, and a view of it) through
+//! the checked launch (`interop::cudarc::Launch`: one stream, every buffer's guard taken for
+//! it), on a cudarc stream and on a blocking cuda-mem stream that cudarc cannot make, and
+//! cudarc memory (`CudaSlice`) read and written by cuda-mem copies and kernels, on several
+//! streams. Each result is checked bit for bit against the same computation on the CPU.
 //!
 //! The kernel, `y[i] = a * x[i] + y[i]` on `u32` (wrapping), is PTX text loaded with
 //! `Ptx::from_src`: no nvcc, no nvrtc.
@@ -11,12 +13,12 @@
 
 mod common;
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use cuda_mem::interop::cudarc::{
-    context, stream, CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut,
+    context, cudarc_stream, stream, CudarcPtr as _, CudarcView, CudarcViewMut, Launch,
 };
-use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Slice as _};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Slice as _, Stream};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 /// Elements per buffer: 4 MiB of `u32`.
@@ -96,20 +98,6 @@ fn check(what: &str, got: &[u32], want: &[u32]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Queues `y[..n] = A * x[..n] + y[..n]` on the cudarc stream `$cs`; `$x` and `$y` are
-/// anything cudarc's launch builder takes: cuda-mem guards and cudarc slices alike. Used in an
-/// `unsafe` block whose caller vouches for the memory: `n` elements of each, for work on `$cs`,
-/// alive until the kernel completes.
-macro_rules! axpy_launch {
-    ($cs:expr, $f:expr, $x:expr, $y:expr, $n:expr) => {{
-        let (a, n) = (A, $n as u64);
-        let mut b = $cs.launch_builder($f);
-        b.arg($x).arg($y).arg(&a).arg(&n);
-        b.launch(LaunchConfig::for_num_elems($n as u32))
-            .context("cuLaunchKernel(axpy_u32)")
-    }};
-}
-
 fn main() -> anyhow::Result<()> {
     // Before any cudarc call: cudarc panics where it cannot load libcuda (no driver), while
     // cuda-mem says so with an error, and `context` takes the device that proves a driver.
@@ -126,63 +114,102 @@ fn main() -> anyhow::Result<()> {
 
     let x_h = pattern(N, 1);
     let y_h = pattern(N, 2);
+    let (a, n) = (A, N as u64);
+    let cfg = LaunchConfig::for_num_elems(N as u32);
 
-    // 1. cuda-mem memory, filled asynchronously from pinned memory, then a cudarc kernel on
-    //    it: the guards order `cs` after the copy (here on the same stream) and record the
-    //    launch, so the host read below waits for it.
+    // 1. cuda-mem memory, filled asynchronously from pinned memory, then the kernel on it,
+    //    on cudarc's stream `cs`: `Launch` takes each buffer's guard for `cs` (ordering it
+    //    after the copy, here on the same stream) and keeps them until the kernel is queued,
+    //    so that the host read below waits for it.
     let x_pin = PinnedBuffer::from_slice(&x_h, HostAllocFlags::DEFAULT)?;
     let mut x = DeviceBuffer::<u32>::uninit(N)?;
     copy_async(&mut x, &x_pin, &s)?;
     let mut y = DeviceBuffer::from_slice(&y_h)?;
-    {
-        let (xr, yw) = (x.cudarc_ptr(&cs)?, y.cudarc_ptr_mut(&cs)?);
-        // SAFETY: the kernel's four parameters in order; both guards cover N u32 and are
-        // taken for `cs`, where the kernel runs, and live until it is queued.
-        unsafe { axpy_launch!(cs, &f, &xr, &yw, N)? };
+    // SAFETY: axpy_u32(const u32* x, u32* y, u32 a, u64 n) with x and y of N u32 each; it
+    // writes y only.
+    unsafe {
+        Launch::on(&cs, &f, cfg)?
+            .arg_in(&x)
+            .arg_out(&mut y)
+            .arg(&a)
+            .arg(&n)
+            .launch()?;
     }
     let mut want_y = y_h.clone();
     axpy(&x_h, &mut want_y);
-    check("cudarc kernel on DeviceBuffer", &y.to_vec()?, &want_y)?;
+    check(
+        "kernel on DeviceBuffer, on a cudarc stream",
+        &y.to_vec()?,
+        &want_y,
+    )?;
 
-    // 2. The same kernel on views: the upper half of `y` once more.
+    // 2. The same kernel on views, on a *blocking* cuda-mem stream (which cudarc cannot make):
+    //    the upper half of `y` once more. The guards order `blocking` after the work of `cs`.
+    let blocking = Stream::new()?;
     {
         let x_hi = x.slice(N / 2..)?;
         let mut y_hi = y.slice_mut(N / 2..)?;
-        let (xr, yw) = (x_hi.cudarc_ptr(&cs)?, y_hi.cudarc_ptr_mut(&cs)?);
-        // SAFETY: as above, with guards of N / 2 u32.
-        unsafe { axpy_launch!(cs, &f, &xr, &yw, N / 2)? };
+        let half = (N / 2) as u64;
+        // SAFETY: as above, with views of N / 2 u32.
+        unsafe {
+            Launch::on(&blocking, &f, LaunchConfig::for_num_elems((N / 2) as u32))?
+                .arg_in(&x_hi)
+                .arg_out(&mut y_hi)
+                .arg(&a)
+                .arg(&half)
+                .launch()?;
+        }
     }
     axpy(&x_h[N / 2..], &mut want_y[N / 2..]);
     check(
-        "cudarc kernel on a view of DeviceBuffer",
+        "kernel on a view of DeviceBuffer, on a blocking cuda-mem stream",
         &y.to_vec()?,
         &want_y,
     )?;
 
     // 3. cudarc memory written by a cuda-mem copy (on `cs`), updated by the kernel with a
-    //    cuda-mem input (on `cs`), then read by a cuda-mem copy on the *other* stream `cs2`:
-    //    the view makes `cs2` wait for cudarc's write event (and for z's own stream, `cs`),
-    //    and records z's read event when its closure is done.
+    //    cuda-mem input (on `cs`, through the view of the CudaSlice), then read by a cuda-mem
+    //    copy on the *other* stream `cs2`: the views make their stream wait for cudarc's
+    //    events (and for z's own stream, `cs`), and record z's events when their closure is
+    //    done.
     let mut z: CudaSlice<u32> = cs.alloc_zeros(N)?;
     let y_pin = PinnedBuffer::from_slice(&y_h, HostAllocFlags::DEFAULT)?;
     CudarcViewMut::with(&mut z, &cs, |zv| copy_async(zv, &y_pin, &s))?; // `s` is `cs` too
-    {
-        let xr = x.cudarc_ptr(&cs)?;
-        // SAFETY: as above: the guard covers N u32 for `cs`; `z` holds N u32 and cudarc
-        // orders it on `cs` itself.
-        unsafe { axpy_launch!(cs, &f, &xr, &mut z, N)? };
-    }
+    CudarcViewMut::with(&mut z, &cs, |zv| {
+        // SAFETY: as above: x and the view of z hold N u32 each.
+        unsafe {
+            Launch::on(&cs, &f, cfg)? // the view's stream
+                .arg_in(&x)
+                .arg_out(zv)
+                .arg(&a)
+                .arg(&n)
+                .launch()
+        }
+    })?;
     let mut back = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT)?;
     CudarcView::with(&z, &cs2, |zv| copy_async(&mut back, zv, zv.stream()))?;
     let mut want_z = y_h.clone();
     axpy(&x_h, &mut want_z);
     check(
-        "cudarc kernel on a CudaSlice, read by cuda-mem on another stream",
+        "kernel on a CudaSlice, read by cuda-mem on another stream",
         back.as_slice()?,
         &want_z,
     )?;
 
-    // 4. cudarc's own copy of the same memory agrees.
+    // 4. cudarc's own work on the blocking cuda-mem stream: a copy of x into cudarc memory,
+    //    queued on `blocking` (cudarc_stream keeps the stream alive as long as cudarc needs
+    //    it), read back by cudarc.
+    let cb = cudarc_stream(&blocking)?;
+    let mut w: CudaSlice<u32> = cb.alloc_zeros(N)?;
+    cb.memcpy_dtod(&x.cudarc_ptr(&cb)?, &mut w)?;
+    drop(blocking);
+    check(
+        "cudarc's copy on a cuda-mem stream",
+        &cb.clone_dtoh(&w)?,
+        &x_h,
+    )?;
+
+    // 5. cudarc's own copy of the same memory agrees.
     let from_cudarc = cs.clone_dtoh(&z)?;
     check("the same CudaSlice, read by cudarc", &from_cudarc, &want_z)?;
     println!("cuda-mem example cudarc_kernel: all results match");

@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
         println!("cuda-mem example managed: the device has no managed memory; nothing to do");
         return Ok(());
     }
-    let here = Location::Device(dev.ordinal());
+    let here = Location::Device(dev);
     let probes = Probes::load()?;
     let stream = Stream::new()?;
 

@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
 
     // Shape 1: cudaAllocMapped(&cpu, &gpu, size).
     let mut buf = alloc_mapped::<u32>(N)?;
-    let (cpu, gpu) = (buf.host_ptr(), buf.device_address());
+    let (cpu, gpu) = (buf.as_ptr(), buf.device_address());
     println!("alloc_mapped: cpu pointer {cpu:p}, gpu pointer {gpu:p}");
     buf.as_mut_slice()?.fill(u32::MAX); // the CPU writes
     {
@@ -72,14 +72,14 @@ fn main() -> anyhow::Result<()> {
         "cudaPointerGetAttributes: another device pointer"
     );
     ensure!(
-        buf.pinned().flags().contains(HostAllocFlags::MAPPED),
+        buf.flags().contains(HostAllocFlags::MAPPED),
         "mapped buffer without the MAPPED flag"
     );
 
     // Shape 2: cudaAllocMapped(&ptr, size), one pointer valid on both sides (UVA).
     let mut uva = alloc_mapped_uva::<u32>(N)?;
     let ptr = uva.device_address();
-    ensure!(std::ptr::eq(ptr, uva.host_ptr()), "UVA pointers differ");
+    ensure!(std::ptr::eq(ptr, uva.as_ptr()), "UVA pointers differ");
     {
         let out = uva.device_ptr_mut(&stream)?;
         // SAFETY: as above, for `uva`'s allocation.
@@ -110,7 +110,7 @@ fn main() -> anyhow::Result<()> {
     );
     println!(
         "MappedBuffer({}): written by the CPU, read by a kernel over PCIe",
-        wc.pinned().flags()
+        wc.flags()
     );
 
     // cudaFreeHost, reporting failure (drop frees too).

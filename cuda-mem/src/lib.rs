@@ -51,6 +51,7 @@ mod error;
 mod fence;
 mod handles;
 pub mod interop;
+pub mod ipc;
 mod kinds;
 #[cfg(feature = "measure")]
 pub mod measure;
@@ -66,6 +67,7 @@ pub use cuda_mem_sys as sys;
 pub use alloc::pinned_pool::{PinnedPool, PinnedPoolConfig, PinnedPoolStats};
 pub use alloc::pinning::{default_pin_threads, PinStrategy, AUTO_MAP_REGISTER_FROM};
 pub use alloc::pool::{MemPool, PoolAccess, PoolLocation, PoolStats};
+pub use contract::buffer::{Allocation, Buffer, HostAllocation};
 pub use contract::host::{HostMemory, HostMemoryMut};
 pub use contract::memory::{AsyncMemory, Memory, MemoryMut};
 pub use error::{check, Error, ErrorCode, Misuse, Result};
@@ -77,13 +79,16 @@ pub use handles::event::{Event, EventFlags};
 pub use handles::flags::HostAllocFlags;
 pub use handles::pointer::{pointer_info, PointerInfo, PointerKind};
 pub use handles::stream::Stream;
-pub use kinds::device::DeviceBuffer;
-pub use kinds::managed::{Advice, Attach, Location, ManagedBuffer, CPU_DEVICE_ID};
-pub use kinds::mapped::{alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer};
-pub use kinds::pinned::PinnedBuffer;
+pub use kinds::device::{DeviceBuffer, DeviceMemory};
+pub use kinds::managed::{Advice, Attach, Location, ManagedBuffer, ManagedMemory, CPU_DEVICE_ID};
+pub use kinds::mapped::{
+    alloc_mapped, alloc_mapped_uva, AtomicElement, MappedBuffer, MappedMemory,
+};
+pub use kinds::pinned::{PinnedBuffer, PinnedMemory};
 pub use kinds::registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
 pub use ops::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
 pub use ops::copy::{copy_async, copy_range_async, memset_async};
+pub use ops::graph::{Capture, CaptureMode, Graph, GraphExec, GraphResources};
 pub use ops::scope::{scope, Borrowed, BorrowedMut, Scope};
 pub use ops::view::{Slice, View, ViewMut};
 pub use transfer::peer::{

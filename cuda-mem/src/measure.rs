@@ -50,8 +50,9 @@ impl FencePair {
         queue: impl FnOnce() -> R,
     ) -> Result<R> {
         use crate::fence::Access;
-        let _s = self.src.begin(stream, (0, bytes), Access::Read)?;
-        let _d = self.dst.begin(stream, (0, bytes), Access::Write)?;
+        crate::fence::Fence::check_queue(stream)?;
+        let _s = self.src.begin_checked(stream, (0, bytes), Access::Read)?;
+        let _d = self.dst.begin_checked(stream, (0, bytes), Access::Write)?;
         Ok(queue())
     }
 }

@@ -80,6 +80,9 @@ impl<B: Backend<Error = Error>> Backend for Faulty<B> {
     fn same(a: &B::Stream, b: &B::Stream) -> bool {
         B::same(a, b)
     }
+    fn id(s: &B::Stream) -> usize {
+        B::id(s)
+    }
     fn record(stream: &B::Stream, reuse: Option<B::Event>) -> Result<B::Event> {
         maybe_fail_record()?;
         B::record(stream, reuse)
@@ -100,6 +103,15 @@ impl<B: Backend<Error = Error>> Backend for Faulty<B> {
     }
     fn may_still_run(error: &Error) -> bool {
         B::may_still_run(error)
+    }
+    fn skip(entry: &B::Stream, stream: &B::Stream) -> bool {
+        B::skip(entry, stream)
+    }
+    fn current(event: &B::Event) -> bool {
+        B::current(event)
+    }
+    fn durable(event: &B::Event) -> bool {
+        B::durable(event)
     }
 }
 

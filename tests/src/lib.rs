@@ -162,6 +162,11 @@ pub struct PortingDoctests;
 #[doc = include_str!("../../docs/design.md")]
 pub struct DesignDoctests;
 
+/// The code blocks of `docs/graphs.md`, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/graphs.md")]
+pub struct GraphsDoctests;
+
 /// The code blocks of `docs/toolkits.md`, as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/toolkits.md")]

@@ -65,7 +65,7 @@ impl HostMem {
         Ok(match self {
             HostMem::Pageable(v) => v.as_mut_ptr().cast(),
             HostMem::Pinned(b) => b.as_mut_ptr().cast(),
-            HostMem::Mapped(b) => b.host_ptr().cast_mut().cast(),
+            HostMem::Mapped(b) => b.as_ptr().cast_mut().cast(),
             HostMem::Registered(b) => b.as_mut_slice()?.as_mut_ptr().cast(),
         })
     }

@@ -181,8 +181,10 @@ fn managed(kit: &Kit, bytes: u64, res: &mut BenchResults) -> Result<()> {
     let t = ctx.median_of(n, || {
         host_touch()?;
         ctx.time(1, false, &mut || {
-            cell.borrow_mut()
-                .prefetch(Location::Device(ordinal), &ctx.stream)
+            cell.borrow_mut().prefetch(
+                Location::Device(cuda_mem::Device::get(ordinal)?),
+                &ctx.stream,
+            )
         })
     })?;
     res.kernels.push(row(

@@ -13,11 +13,15 @@ mod alloc;
 mod bidir;
 mod calls;
 mod copies;
+mod graphs;
 mod host;
+mod ipc;
 mod kernels;
 mod multi;
+mod peers;
 mod pools;
 mod raw;
+mod shmoo;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
@@ -107,13 +111,13 @@ impl Gate {
         // SAFETY: the pointer is the live, 4-byte aligned pinned allocation of `self.flag`,
         // which outlives the returned borrow; the host touches it only through this atomic
         // (never through `as_slice`), the GPU only reads it (volatile loads).
-        unsafe { AtomicU32::from_ptr(self.flag.host_ptr().cast_mut()) }
+        unsafe { AtomicU32::from_ptr(self.flag.as_ptr().cast_mut()) }
     }
 
     fn hold(&self, stream: &Stream) -> Result<Held<'_>> {
         // The previous spin kernel has finished (it is recorded on the flag's fence) before
         // the flag is armed again.
-        self.flag.pinned().synchronize()?;
+        self.flag.synchronize()?;
         self.flag().store(0, Ordering::SeqCst);
         let flag = self.flag.device_ptr(stream)?;
         // SAFETY: `flag` is the device address of mapped memory that lives as long as `self`,
@@ -349,6 +353,9 @@ pub fn progress(line: &str) {
 /// Runs `bench` and writes its outputs; fails when a data check failed.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     // A baseline that cannot be read fails now, not after the run.
+    if let Ok(path) = std::env::var(ipc::CHILD) {
+        return ipc::child(&path);
+    }
     let baseline = match &args.baseline {
         Some(p) => Some((p.display().to_string(), load(p)?)),
         None => None,
@@ -396,6 +403,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         multi: Vec::new(),
         bidir: Vec::new(),
         host: Vec::new(),
+        shmoo: Vec::new(),
+        peers: Vec::new(),
     };
     let on = |name: &str| {
         args.sections
@@ -434,9 +443,35 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let r = host::run(&ctx, &cfg, &mut res);
         attempt(&mut res, &["host"], "host", r)?;
     }
+    if on("graphs") {
+        bar::stage("graphs", 2);
+        let r = graphs::run(&mut res);
+        attempt(&mut res, &["graphs"], "graphs", r)?;
+    }
+    if on("shmoo") {
+        bar::stage("shmoo", u64::from(shmoo::rounds(cfg.quick)) + 1);
+        let r = shmoo::run(&ctx, cfg.quick, &mut res);
+        attempt(&mut res, &["shmoo"], "shmoo", r)?;
+    }
+    if on("peers") {
+        bar::stage("× cudarc", 5);
+        let r = peers::run(&ctx, &cfg, &mut res);
+        attempt(&mut res, &["cudarc"], "peers", r)?;
+    }
     if on("multi") {
         bar::stage("two GPUs", 1);
         multi::run(&mut res)?;
+    }
+    // Two processes: only when named (`--sections ipc`).
+    if args
+        .sections
+        .as_ref()
+        .is_some_and(|v| v.iter().any(|s| s == "ipc"))
+    {
+        bar::stage("two processes", 1);
+        if let Err(e) = ipc::run(device) {
+            progress(&format!("  ipc: failed: {e}"));
+        }
     }
     bar::done();
     res.seconds = t0.elapsed().as_secs_f64();

@@ -24,6 +24,9 @@
 //!             "us_q3"}],
 //!  "multi_gpu": [{"test", "direction", "bytes", "unit", "ours", "raw", "ratio", "ours_q1",
 //!                 "ours_q3"}],
+//!  "host": [{"test", "config", "bytes", "unit", "ours", "reference", "ratio"}],
+//!  "shmoo": [... as "host"; reference: raw cudaMemcpyAsync],
+//!  "peers": [... as "host"; reference: cudarc 0.19],
 //!  "verified": {"ok", "passed", "failed", "checks": [{"what", "bytes", "ok", "detail"}]},
 //!  "errors": [{"kind", "stage", "message"}],
 //!  "seconds": 12.3}
@@ -33,7 +36,8 @@
 //! `_q1`/`_q3` fields (first and third quartile of the cuda-mem figure over its samples,
 //! its run-to-run spread, which `--baseline` measures changes against; `null` where not
 //! measured), the `bidirectional` section, the device's pool, copy-engine and PCIe-link
-//! fields and `method.spread`. Schema 1 files still load (the new fields read as absent).
+//! fields and `method.spread`. Schema 1 files still load (the new fields read as absent);
+//! so do schema 2 files written before the `host`, `shmoo` and `peers` sections.
 //!
 //! Copy `ratio` is ours / raw bandwidth (1.0 = parity), alloc `ratio` ours / raw time; both
 //! are the interquartile mean over interleaved sample pairs, which drift cannot bias, so they
@@ -327,6 +331,10 @@ pub struct BenchJson {
     pub multi_gpu: Vec<MultiJson>,
     #[serde(default)]
     pub host: Vec<HostJson>,
+    #[serde(default)]
+    pub shmoo: Vec<HostJson>,
+    #[serde(default)]
+    pub peers: Vec<HostJson>,
     pub verified: VerifiedJson,
     pub errors: Vec<ErrorJson>,
     #[serde(with = "num")]
@@ -416,6 +424,19 @@ pub fn info_json(r: &InfoReport) -> InfoJson {
         driver: r.versions.driver.clone(),
         built_with: r.versions.built_with.clone(),
         devices: r.devices.iter().map(device_json).collect(),
+    }
+}
+
+/// One row of `host`, `shmoo` or `peers`.
+fn host_json(h: &crate::results::HostRow) -> HostJson {
+    HostJson {
+        test: h.test.into(),
+        config: h.config.clone(),
+        bytes: h.bytes,
+        unit: h.unit.into(),
+        ours: round(h.ours, 4),
+        reference: round(h.reference, 4),
+        ratio: round(h.ratio, 4),
     }
 }
 
@@ -554,19 +575,9 @@ pub fn bench_json(r: &BenchResults) -> BenchJson {
                 }
             })
             .collect(),
-        host: r
-            .host
-            .iter()
-            .map(|h| HostJson {
-                test: h.test.into(),
-                config: h.config.clone(),
-                bytes: h.bytes,
-                unit: h.unit.into(),
-                ours: round(h.ours, 4),
-                reference: round(h.reference, 4),
-                ratio: round(h.ratio, 4),
-            })
-            .collect(),
+        host: r.host.iter().map(host_json).collect(),
+        shmoo: r.shmoo.iter().map(host_json).collect(),
+        peers: r.peers.iter().map(host_json).collect(),
         verified: VerifiedJson {
             ok: r.all_verified(),
             passed: r.checks.len() as u64 - failed,
@@ -650,6 +661,8 @@ mod tests {
                 "calls",
                 "multi_gpu",
                 "host",
+                "shmoo",
+                "peers",
                 "verified",
                 "errors",
                 "seconds"

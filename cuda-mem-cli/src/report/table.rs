@@ -427,6 +427,36 @@ pub fn bench_table(r: &BenchResults) -> String {
         out.push_str(&against_table(["configuration", "ours", "reference"], rows));
     }
 
+    // bandwidthTest's shmoo: the summaries (every size is in the JSON).
+    if r.shmoo.iter().any(|h| !h.config.is_empty()) {
+        out.push_str(
+            "\nbandwidthTest shmoo: 100 async copies of pinned memory per size on the legacy \
+             stream, GB/s through cuda-mem / raw cudaMemcpyAsync (geometric means per band; \
+             every size in the JSON; ratio = speed of cuda-mem / raw)\n",
+        );
+        let rows = r.shmoo.iter().filter(|h| !h.config.is_empty()).map(|h| {
+            let nums = [h.ours, h.reference, h.ratio];
+            (h.test, h.config.clone(), h.bytes, h.unit, nums)
+        });
+        out.push_str(&against_table(["summary", "cuda-mem", "raw"], rows));
+    }
+
+    // cudarc beside us.
+    if !r.peers.is_empty() {
+        out.push_str(
+            "\ncuda-mem × cudarc 0.19, the same operations in the same run, interleaved (ratio = \
+             speed of cuda-mem / cudarc; > 1: cuda-mem is faster)\n",
+        );
+        let rows = r.peers.iter().map(|h| {
+            let nums = [h.ours, h.reference, h.ratio];
+            (h.test, h.config.clone(), h.bytes, h.unit, nums)
+        });
+        out.push_str(&against_table(
+            ["configuration", "cuda-mem", "cudarc"],
+            rows,
+        ));
+    }
+
     // Checks and errors.
     let passed = r.checks.iter().filter(|c| c.ok).count();
     out.push_str(&format!(
@@ -482,6 +512,24 @@ mod tests {
         assert!(t.contains("  mapped (copies): unsupported"));
         // No line ends in spaces.
         assert!(t.lines().all(|l| l == l.trim_end()));
+    }
+
+    #[test]
+    fn shmoo_summaries_and_peers_are_tabled() {
+        let t = bench_table(&sample::results());
+        // The band's summary is a row; the per-size row is in the JSON only.
+        let shmoo: Vec<&str> = t.lines().filter(|l| l.contains("shmoo_h2d")).collect();
+        assert_eq!(shmoo.len(), 1, "{shmoo:?}");
+        assert!(shmoo[0].contains("band 22 kB-1 MB (geometric mean of 29 sizes)"));
+        let cells =
+            |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
+        assert_eq!(cells(shmoo[0])[4..8], ["GB/s", "20.200", "20.400", "0.990"]);
+        assert!(t.contains("cuda-mem × cudarc 0.19"));
+        let peer = t.lines().find(|l| l.contains("alloc_free_pinned")).unwrap();
+        assert_eq!(
+            cells(peer)[3..8],
+            ["4KiB", "us", "0.150", "5.900", "39.300"]
+        );
     }
 
     #[test]

@@ -33,8 +33,8 @@ use crate::handles::stream::Stream;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PoolLocation {
-    /// Device memory of this ordinal.
-    Device(i32),
+    /// Device memory of this device.
+    Device(Device),
     /// Pinned host memory (a pool created with `cudaMemLocationTypeHost`).
     Host,
 }
@@ -94,6 +94,9 @@ struct PoolInner {
     raw: sys::cudaMemPool_t,
     owned: bool,
     location: PoolLocation,
+    /// Made with `cudaMemHandleTypePosixFileDescriptor` ([`MemPool::shareable`]) or imported
+    /// from another process: its memory may be exported to other processes.
+    shareable: bool,
 }
 
 // SAFETY: a cudaMemPool_t is a driver handle that every runtime call accepts from any thread,
@@ -178,7 +181,8 @@ impl MemPool {
             inner: Arc::new(PoolInner {
                 raw,
                 owned: false,
-                location: PoolLocation::Device(device.ordinal()),
+                location: PoolLocation::Device(device),
+                shareable: false,
             }),
         })
     }
@@ -191,7 +195,7 @@ impl MemPool {
     /// Errors: [`Misuse::Unsupported`] when the device has no memory pools.
     pub fn new(device: Device) -> Result<MemPool> {
         require_pools(device)?;
-        Self::create(PoolLocation::Device(device.ordinal()), device, 0)
+        Self::create(PoolLocation::Device(device), device, 0)
     }
 
     /// Like [`MemPool::new`], with the pool capped at `max_bytes` (`cudaMemPoolProps::maxSize`;
@@ -208,7 +212,7 @@ impl MemPool {
         }
         if cfg!(cudart_mem_pool_max_size) {
             require_pools(device)?;
-            Self::create(PoolLocation::Device(device.ordinal()), device, max_bytes)
+            Self::create(PoolLocation::Device(device), device, max_bytes)
         } else {
             Err(Misuse::Unsupported {
                 device: device.ordinal(),
@@ -264,6 +268,17 @@ impl MemPool {
 
     /// `cudaMemPoolCreate`; the callers have checked that `device` has pools.
     fn create(location: PoolLocation, device: Device, max_bytes: usize) -> Result<MemPool> {
+        Self::create_with(location, device, max_bytes, false)
+    }
+
+    /// [`create`](Self::create), shareable with other processes through a POSIX file
+    /// descriptor when `shareable`.
+    fn create_with(
+        location: PoolLocation,
+        device: Device,
+        max_bytes: usize,
+        shareable: bool,
+    ) -> Result<MemPool> {
         // (Only the refusal of builds without host pools names the device.)
         #[cfg(cudart_mem_pool_host)]
         let _ = device;
@@ -271,9 +286,14 @@ impl MemPool {
         // handle types, no security attributes, reserved bytes zero).
         let mut props: sys::cudaMemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::cudaMemAllocationType::cudaMemAllocationTypePinned;
-        props.handleTypes = sys::cudaMemAllocationHandleType::cudaMemHandleTypeNone;
+        props.handleTypes = if shareable {
+            sys::cudaMemAllocationHandleType::cudaMemHandleTypePosixFileDescriptor
+        } else {
+            sys::cudaMemAllocationHandleType::cudaMemHandleTypeNone
+        };
         props.location = match location {
             PoolLocation::Device(d) => {
+                let d = d.ordinal();
                 sys::cudaMemLocation::new(sys::cudaMemLocationType::cudaMemLocationTypeDevice, d)
             }
             #[cfg(cudart_mem_pool_host)]
@@ -300,7 +320,12 @@ impl MemPool {
         let code = unsafe { sys::cudaMemPoolCreate(&mut raw, &props) };
         check(code, || {
             format!(
-                "cudaMemPoolCreate({location:?}{})",
+                "cudaMemPoolCreate({location:?}{}{})",
+                if shareable {
+                    ", POSIX file descriptor"
+                } else {
+                    ""
+                },
                 if max_bytes > 0 {
                     format!(", max {}", fmt_bytes(max_bytes))
                 } else {
@@ -313,6 +338,7 @@ impl MemPool {
                 raw,
                 owned: true,
                 location,
+                shareable,
             }),
         };
         pool.set_release_threshold(u64::MAX)?;
@@ -328,9 +354,104 @@ impl MemPool {
                 raw: NonNull::dangling().as_ptr(),
                 // Not owned: never destroyed.
                 owned: false,
-                location: PoolLocation::Device(0),
+                location: PoolLocation::Device(Device::from_ordinal_unchecked(0)),
+                shareable: false,
             }),
         }
+    }
+
+    /// A new pool of device memory on `device`, like [`MemPool::new`], whose memory other
+    /// processes can map (`cudaMemPoolCreate` with `cudaMemHandleTypePosixFileDescriptor`):
+    /// the pool travels as a file descriptor ([`export_fd`](Self::export_fd)), its buffers as
+    /// [`ipc`](crate::ipc) handles.
+    ///
+    /// Errors: [`Misuse::Unsupported`] when the device has no memory pools; the runtime's
+    /// error where it refuses shareable pools (some sandboxes).
+    pub fn shareable(device: Device) -> Result<MemPool> {
+        require_pools(device)?;
+        Self::create_with(PoolLocation::Device(device), device, 0, true)
+    }
+
+    /// Whether the pool's memory can be shared with other processes: made by
+    /// [`shareable`](Self::shareable), or imported from another process.
+    pub fn is_shareable(&self) -> bool {
+        self.inner.shareable
+    }
+
+    /// A new file descriptor for the pool (`cudaMemPoolExportToShareableHandle`), for another
+    /// process to import (sent over a Unix socket with `SCM_RIGHTS`, as
+    /// [`ipc::Channel`](crate::ipc::Channel) does). Closed when dropped.
+    ///
+    /// Errors: [`Misuse::InvalidArgument`] for a pool that is not
+    /// [`shareable`](Self::shareable).
+    pub fn export_fd(&self) -> Result<std::os::fd::OwnedFd> {
+        if !self.inner.shareable {
+            return Err(Misuse::InvalidArgument {
+                op: "MemPool::export_fd",
+                reason: format!(
+                    "{self:?} was not made shareable (MemPool::shareable): only such a pool \
+                     can be exported"
+                ),
+            }
+            .into());
+        }
+        let mut fd: std::os::raw::c_int = -1;
+        // SAFETY: for a POSIX file descriptor the shareable handle is an `int`, written
+        // through the valid out-pointer; the pool is live.
+        let code = unsafe {
+            sys::cudaMemPoolExportToShareableHandle(
+                (&mut fd as *mut std::os::raw::c_int).cast(),
+                self.inner.raw,
+                sys::cudaMemAllocationHandleType::cudaMemHandleTypePosixFileDescriptor,
+                0,
+            )
+        };
+        check(code, || {
+            format!(
+                "cudaMemPoolExportToShareableHandle({:p}, POSIX file descriptor)",
+                self.inner.raw
+            )
+        })?;
+        if fd < 0 {
+            return Err(Misuse::InvalidArgument {
+                op: "MemPool::export_fd",
+                reason: format!("the runtime returned file descriptor {fd}"),
+            }
+            .into());
+        }
+        // SAFETY: a new descriptor the runtime opened for the caller, owned by nothing else.
+        Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+
+    /// Imports a pool that another process exported (`cudaMemPoolImportFromShareableHandle`),
+    /// whose memory lives on the local device `device`. The descriptor stays the caller's;
+    /// the pool is destroyed when its last handle and buffer are gone.
+    pub(crate) fn import_fd(fd: std::os::fd::BorrowedFd<'_>, device: Device) -> Result<MemPool> {
+        use std::os::fd::AsRawFd;
+        let raw_fd = fd.as_raw_fd();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; for a POSIX file descriptor the runtime takes the `int`
+        // itself as the pointer-sized argument (the CUDA samples pass `(void*)(uintptr_t)fd`);
+        // the descriptor is open (borrowed) for the call.
+        let code = unsafe {
+            sys::cudaMemPoolImportFromShareableHandle(
+                &mut raw,
+                raw_fd as usize as *mut c_void,
+                sys::cudaMemAllocationHandleType::cudaMemHandleTypePosixFileDescriptor,
+                0,
+            )
+        };
+        check(code, || {
+            format!("cudaMemPoolImportFromShareableHandle(fd {raw_fd}, POSIX file descriptor)")
+        })?;
+        Ok(MemPool {
+            inner: Arc::new(PoolInner {
+                raw,
+                owned: true,
+                location: PoolLocation::Device(device),
+                shareable: true,
+            }),
+        })
     }
 
     /// Where the pool's memory lives.

@@ -1,5 +1,5 @@
 //! The memory contract: where memory lives and the sealed traits every kind keeps
-//! (`memory`), what the owned buffers share (`buffer`), sizes and alignment (`layout`, `size`),
+//! (`memory`), the one owned buffer type `Buffer` with its allocation trait (`buffer`), sizes and alignment (`layout`, `size`),
 //! and host access (`host`). Above the handles and the fence; below the allocators and kinds.
 
 pub(crate) mod buffer;

@@ -5,6 +5,7 @@
 //! the device, without blocking the host. The bookkeeping, and why it is sound under threads,
 //! is in [`tracker`]; this module gives it the CUDA runtime calls.
 
+pub(crate) mod capture;
 pub(crate) mod tracker;
 
 /// The synchronisation primitives [`tracker`] uses (loom's, in the model test crate).
@@ -12,8 +13,11 @@ mod sync {
     pub use std::sync::{atomic, Arc, Mutex, MutexGuard};
 }
 
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use self::capture::{any_open, capture_of, is_legacy, misuse, Relaxed, GRAPH_MEMORY};
 pub(crate) use self::tracker::Access;
 pub(crate) use self::tracker::Backend;
 use self::tracker::Tracker;
@@ -25,9 +29,40 @@ use crate::handles::stream::{sync_stream, Stream, StreamInner};
 /// The CUDA runtime behind the fence.
 pub(crate) struct Cuda;
 
+/// An event as the fence keeps it: recorded outside any capture, recorded into the open
+/// capture `capture` (a captured event: it orders streams of that capture only, and is never
+/// queried or synchronized), or none at all for work known complete without a call (legacy
+/// work drained when a capture began, see [`capture`]).
+pub(crate) struct FenceEvent {
+    event: Option<Arc<Event>>,
+    capture: u64,
+}
+
+thread_local! {
+    /// The capture whose streams a wait may join the waiting stream into: set by the fence
+    /// around its tracker call, for work on a buffer given to that capture, queued by the
+    /// capturing thread (a fork inside the capture).
+    static JOIN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// [`JOIN`] set while this lives.
+struct JoinPermit(u64);
+
+impl JoinPermit {
+    fn new(token: u64) -> JoinPermit {
+        JoinPermit(JOIN.with(|j| j.replace(token)))
+    }
+}
+
+impl Drop for JoinPermit {
+    fn drop(&mut self) {
+        JOIN.with(|j| j.set(self.0));
+    }
+}
+
 impl Backend for Cuda {
     type Stream = Arc<StreamInner>;
-    type Event = Event;
+    type Event = FenceEvent;
     type Error = Error;
 
     fn same(a: &Self::Stream, b: &Self::Stream) -> bool {
@@ -35,37 +70,130 @@ impl Backend for Cuda {
         Arc::ptr_eq(a, b) || StreamInner::same(a, b)
     }
 
-    fn record(stream: &Self::Stream, reuse: Option<Event>) -> Result<Event> {
+    fn id(s: &Self::Stream) -> usize {
+        // The shared part's address: two live handles with one address share it.
+        Arc::as_ptr(s) as usize
+    }
+
+    fn record(stream: &Self::Stream, reuse: Option<FenceEvent>) -> Result<FenceEvent> {
+        let mut capture = 0;
+        let _relaxed = if any_open() {
+            if is_legacy(stream) {
+                // No call on the legacy stream while a capture is open.
+                return if capture::legacy_done(stream.device()) {
+                    Ok(FenceEvent {
+                        event: None,
+                        capture: 0,
+                    })
+                } else {
+                    Err(misuse("fence", capture::LEGACY_PENDING))
+                };
+            }
+            capture = capture_of(stream).unwrap_or(0);
+            Some(Relaxed::new())
+        } else {
+            None
+        };
         // The event must be created on the stream's device (CUDA: "event and stream must be on
         // the same CUDA context").
-        let event = match reuse {
+        let event = match reuse
+            .and_then(|r| r.event)
+            .and_then(|e| Arc::try_unwrap(e).ok())
+        {
             Some(e) => e,
             // (The guard inside `on` switches devices only where needed.)
             None => Event::on(Device::from_ordinal_unchecked(stream.device()))?,
         };
         event.record_inner(stream)?;
-        Ok(event)
+        Ok(FenceEvent {
+            event: Some(Arc::new(event)),
+            capture,
+        })
     }
 
-    fn wait(stream: &Self::Stream, event: &Event) -> Result<()> {
-        event.wait_on_inner(stream)
+    fn wait(stream: &Self::Stream, event: &FenceEvent) -> Result<()> {
+        let Some(e) = &event.event else {
+            return Ok(());
+        };
+        if any_open() {
+            let mine = capture_of(stream);
+            match (event.capture, mine) {
+                // Both in the same capture: a captured dependency.
+                (c, Some(m)) if c == m => {}
+                // A fork: the capturing thread's work on a buffer given to the capture joins
+                // its stream into the capture.
+                (c, None) if c != 0 && JOIN.with(Cell::get) == c && capture::owns(c) => {
+                    e.wait_on_inner(stream)?;
+                    capture::join(c, stream);
+                    return Ok(());
+                }
+                (c, _) if c != 0 => return Err(misuse("fence", capture::OUTSIDE_CAPTURE)),
+                // A captured stream never waits for work outside its capture (`skip`).
+                (_, Some(_)) => return Err(misuse("fence", capture::OUTSIDE_CAPTURE)),
+                _ => {}
+            }
+            if is_legacy(stream) {
+                return Err(misuse("fence", capture::LEGACY_DURING_CAPTURE));
+            }
+        }
+        e.wait_on_inner(stream)
     }
 
-    fn query(event: &Event) -> Result<bool> {
-        event.is_complete()
+    fn query(event: &FenceEvent) -> Result<bool> {
+        match &event.event {
+            None => Ok(true),
+            Some(_) if event.capture != 0 => Ok(false),
+            Some(e) => {
+                let _relaxed = Relaxed::new();
+                e.is_complete()
+            }
+        }
     }
 
-    fn sync_event(event: &Event) -> Result<()> {
-        event.synchronize()
+    fn sync_event(event: &FenceEvent) -> Result<()> {
+        match &event.event {
+            None => Ok(()),
+            Some(_) if event.capture != 0 => Err(misuse("host wait", capture::HOST_DURING_CAPTURE)),
+            Some(e) => {
+                let _relaxed = Relaxed::new();
+                e.synchronize()
+            }
+        }
     }
 
     fn sync_stream(stream: &Self::Stream) -> Result<()> {
+        if any_open() {
+            if is_legacy(stream) {
+                return if capture::legacy_done(stream.device()) {
+                    Ok(())
+                } else {
+                    Err(misuse("host wait", capture::LEGACY_PENDING))
+                };
+            }
+            if capture_of(stream).is_some() {
+                return Err(misuse("host wait", capture::STREAM_CAPTURING));
+            }
+        }
+        let _relaxed = Relaxed::new();
         sync_stream(stream)
     }
 
     fn may_still_run(error: &Error) -> bool {
         // A sticky error ends all work of the context (the device) it came from.
         !error.is_sticky()
+    }
+
+    fn skip(entry: &Self::Stream, stream: &Self::Stream) -> bool {
+        // Captured work is ordered after work outside its capture by the graph's launches.
+        any_open() && capture_of(stream).is_some_and(|c| capture_of(entry) != Some(c))
+    }
+
+    fn current(event: &FenceEvent) -> bool {
+        event.capture == 0 || capture::is_open(event.capture)
+    }
+
+    fn durable(event: &FenceEvent) -> bool {
+        event.capture == 0
     }
 }
 
@@ -84,6 +212,9 @@ type Gpu = crate::testing::Faulty<Cuda>;
 #[derive(Default)]
 pub struct Fence {
     core: Tracker<Gpu>,
+    /// The open capture the buffer is given to (its token), or for graph memory, the capture
+    /// that allocated it with [`GRAPH_MEMORY`] set; 0 for none. See [`capture`].
+    capture: AtomicU64,
 }
 
 impl std::fmt::Debug for Fence {
@@ -105,11 +236,43 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
+        Fence::check_queue(stream)?;
+        self.begin_checked(stream, bytes, access)
+    }
+
+    /// Refuses queueing work on `stream` from this thread where the runtime would queue it
+    /// elsewhere (see `StreamInner::check_current`): [`begin`](Self::begin)'s check, made once
+    /// by an operation that begins on several fences ([`begin_checked`](Self::begin_checked)).
+    #[inline]
+    pub(crate) fn check_queue(stream: &Stream) -> Result<()> {
         stream
             .inner()
-            .check_current("queueing work on a default stream (legacy or per-thread)")?;
-        self.core.begin(stream.inner(), bytes, access)?;
-        Ok(Use { fence: self })
+            .check_current("queueing work on a default stream (legacy or per-thread)")
+    }
+
+    /// [`begin`](Self::begin) for a caller that made [`check_queue`](Self::check_queue) for
+    /// `stream` on this thread already. Outside stream captures the tracker may take its
+    /// lock-free path ([`Tracker::begin`]); while one is open anywhere, or while the buffer is
+    /// bound to one, every begin takes the lock (and publishes nothing), after the capture
+    /// checks.
+    #[inline]
+    pub(crate) fn begin_checked<'a>(
+        &'a self,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<Use<'a>> {
+        let legacy = is_legacy(stream.inner()).then(|| stream.inner().device());
+        if any_open() || self.capture.load(Ordering::Relaxed) != 0 {
+            let _join = self.capture_gate(stream.inner())?;
+            self.core.begin_slow(stream.inner(), bytes, access)?;
+        } else {
+            self.core.begin(stream.inner(), bytes, access)?;
+        }
+        Ok(Use {
+            fence: self,
+            legacy,
+        })
     }
 
     /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
@@ -120,17 +283,107 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<()> {
+        if any_open() || self.capture.load(Ordering::Relaxed) != 0 {
+            let _join = self.capture_gate(stream.inner())?;
+            return self.core.order(stream.inner(), bytes, access);
+        }
         self.core.order(stream.inner(), bytes, access)
+    }
+
+    /// What an open capture allows of work on `stream` with this buffer: refused on the
+    /// legacy stream, refused into a capture the buffer was not given to, refused for graph
+    /// memory of a capture that has ended; a fork (a join permit) for the capturing thread's
+    /// work on a buffer given to its capture.
+    fn capture_gate(&self, stream: &StreamInner) -> Result<Option<JoinPermit>> {
+        const OP: &str = "queueing work during a stream capture";
+        let bound = self.capture.load(Ordering::Acquire);
+        let token = bound & !GRAPH_MEMORY;
+        if bound & GRAPH_MEMORY != 0 && !capture::is_open(token) {
+            return Err(misuse("queueing work", capture::GRAPH_MEMORY_ESCAPED));
+        }
+        if !any_open() {
+            return Ok(None);
+        }
+        if is_legacy(stream) {
+            return Err(misuse(OP, capture::LEGACY_DURING_CAPTURE));
+        }
+        match capture_of(stream) {
+            Some(c) if c == token => Ok(None),
+            Some(_) => Err(misuse(OP, capture::NOT_GIVEN)),
+            None if token != 0 && capture::owns(token) => Ok(Some(JoinPermit::new(token))),
+            None => Ok(None),
+        }
+    }
+
+    /// Refuses a host wait on a buffer given to an open capture, or on graph memory whose
+    /// capture has ended, before any call.
+    fn host_gate(&self) -> Result<()> {
+        let bound = self.capture.load(Ordering::Acquire);
+        if bound == 0 {
+            return Ok(());
+        }
+        let token = bound & !GRAPH_MEMORY;
+        if capture::is_open(token) {
+            return Err(misuse("host wait", capture::HOST_DURING_CAPTURE));
+        }
+        if bound & GRAPH_MEMORY != 0 {
+            return Err(misuse("host wait", capture::GRAPH_MEMORY_ESCAPED));
+        }
+        Ok(())
+    }
+
+    /// Gives the buffer to the open capture `token` (its captured work is allowed, and host
+    /// waits refused, until [`unbind`](Self::unbind)).
+    pub(crate) fn bind(&self, token: u64) -> Result<()> {
+        match self
+            .capture
+            .compare_exchange(0, token, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(t) if t == token => Ok(()),
+            Err(_) => Err(misuse("Stream::capture", capture::GIVEN_TWICE)),
+        }
+    }
+
+    /// Takes the buffer back from the capture `token` (after it ended).
+    pub(crate) fn unbind(&self, token: u64) {
+        let _ = self
+            .capture
+            .compare_exchange(token, 0, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// [`order`](Self::order) on the fence's [`origin`](Self::origin) stream, borrowed
     /// exclusively (a pooled buffer's free): no lock. Hands the stream back for the caller's
-    /// work; `None`, ordering nothing, for a fence without origin.
+    /// work; `None`, ordering nothing, for a fence without origin. Graph memory is freed
+    /// only inside its capture (a free node of the graph); afterwards it is refused (the
+    /// memory belongs to the graph, and is leaked here).
     pub(crate) fn order_origin_mut(
         &mut self,
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Option<&Stream>> {
+        let bound = *self.capture.get_mut();
+        if bound & GRAPH_MEMORY != 0 {
+            let token = bound & !GRAPH_MEMORY;
+            let origin_in = self
+                .core
+                .origin()
+                .is_some_and(|o| capture_of(o) == Some(token));
+            if !origin_in || !capture::note_free(token) {
+                return Err(misuse("free", capture::GRAPH_MEMORY_ESCAPED));
+            }
+        } else if any_open() {
+            if self.core.origin().is_some_and(|o| is_legacy(o)) {
+                return Err(misuse("free", capture::LEGACY_DURING_CAPTURE));
+            }
+            let _join = self
+                .core
+                .origin()
+                .map(|o| self.capture_gate(o))
+                .transpose()?;
+            let s = self.core.order_origin_mut(bytes, access)?;
+            return Ok(s.map(Stream::from_inner_ref));
+        }
         let s = self.core.order_origin_mut(bytes, access)?;
         Ok(s.map(Stream::from_inner_ref))
     }
@@ -138,10 +391,19 @@ impl Fence {
     /// A new fence that records work queued on `stream` already, accessing `bytes`: a
     /// stream-ordered allocation's (a write on its stream), so that other streams and the host
     /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
-    /// the lock. The fence keeps `stream` ([`origin`](Self::origin)).
+    /// the lock. The fence keeps `stream` ([`origin`](Self::origin)). On a stream capturing
+    /// into an open capture, the allocation is graph memory of that capture.
     pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
+        let mut capture = 0;
+        if any_open() {
+            if let Some(token) = capture_of(stream.inner()) {
+                capture::note_alloc(token);
+                capture = token | GRAPH_MEMORY;
+            }
+        }
         Fence {
             core: Tracker::marked(stream.inner().clone(), bytes, access),
+            capture: AtomicU64::new(capture),
         }
     }
 
@@ -154,12 +416,14 @@ impl Fence {
     /// Blocks until pending work that conflicts with a host `access` has completed. On error
     /// the work may still be running: do not touch or free the memory.
     pub(crate) fn host_wait(&self, access: Access) -> Result<()> {
+        self.host_gate()?;
         self.core.host_wait(access)
     }
 
     /// [`host_wait`](Self::host_wait) for host access to the bytes `bytes` only (a view):
     /// work on other ranges of the buffer goes on.
     pub(crate) fn host_wait_range(&self, bytes: (usize, usize), access: Access) -> Result<()> {
+        self.host_gate()?;
         self.core.host_wait_range(Some(bytes), access)
     }
 
@@ -167,6 +431,7 @@ impl Fence {
     /// free): no guard can still be queueing work, so the count of guards leaked with
     /// `mem::forget` is dropped first ([`Tracker::exclusive`]) and the wait covers every mark.
     pub(crate) fn host_wait_mut(&mut self, access: Access) -> Result<()> {
+        self.host_gate()?;
         self.core.exclusive();
         self.core.host_wait(access)
     }
@@ -174,6 +439,9 @@ impl Fence {
     /// Marks work already queued on `stream` that accesses `bytes` (a synchronous copy or
     /// memset, on the legacy default stream, that may return before it is done).
     pub(crate) fn mark(&self, stream: &Stream, bytes: (usize, usize), access: Access) {
+        if is_legacy(stream.inner()) {
+            capture::note_legacy(stream.inner().device());
+        }
         self.core.mark(stream.inner(), bytes, access);
     }
 }
@@ -181,9 +449,21 @@ impl Fence {
 impl Fence {
     /// Events covering all pending work, recorded without blocking, for memory handed back to
     /// a cache that polls them before reusing it; see [`Tracker::retire`]. On error the memory
-    /// may still be in use: leak it.
+    /// may still be in use: leak it. Work captured into an open capture, or work that cannot
+    /// be waited for during one, is such an error.
     pub(crate) fn retire(&mut self) -> Result<Vec<Arc<Event>>> {
-        self.core.retire()
+        self.host_gate()?;
+        let events = self.core.retire()?;
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            if e.capture != 0 {
+                return Err(misuse("retire", capture::HOST_DURING_CAPTURE));
+            }
+            if let Some(ev) = &e.event {
+                out.push(ev.clone());
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -192,10 +472,16 @@ impl Fence {
 #[must_use]
 pub(crate) struct Use<'a> {
     fence: &'a Fence,
+    /// The device of the legacy stream the work is queued on, if it is (see
+    /// [`capture::note_legacy`]: noted once queued).
+    legacy: Option<i32>,
 }
 
 impl Drop for Use<'_> {
     fn drop(&mut self) {
+        if let Some(d) = self.legacy {
+            capture::note_legacy(d);
+        }
         self.fence.core.end();
     }
 }
@@ -246,6 +532,9 @@ mod tests {
         type Error = ();
         fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
             a == b
+        }
+        fn id(s: &Arc<u32>) -> usize {
+            Arc::as_ptr(s) as usize
         }
         fn record(_: &Arc<u32>, _: Option<()>) -> Result<(), ()> {
             fail_or_call(&FAIL_RECORDS)
@@ -398,5 +687,226 @@ mod tests {
             2,
             "the second stream's event was never waited for after the first one failed"
         );
+    }
+
+    /// This thread's lock acquisitions by trackers since the last call.
+    fn locks_since() -> usize {
+        super::tracker::tests_hook::LOCKS.with(|c| c.replace(0))
+    }
+
+    /// Issue 21.1: one stream that keeps queueing work on a buffer, inside the range its last
+    /// locked `begin` marked, takes no lock and makes no call (the lock-free path), reads and
+    /// writes alike under a write's marks; and a host write afterwards still waits for it
+    /// (records and synchronizes an event).
+    #[test]
+    fn one_stream_queueing_inside_its_marks_takes_no_lock() {
+        let s = Arc::new(0);
+        let t = Tracker::<Counting>::default();
+        t.begin(&s, (0, 64), Access::Write).unwrap();
+        t.end();
+        locks_since();
+        for _ in 0..10 {
+            t.begin(&s, (0, 64), Access::Write).unwrap();
+            t.end();
+            t.begin(&s, (16, 32), Access::Read).unwrap();
+            t.end();
+        }
+        assert_eq!(locks_since(), 0, "the steady state took the lock");
+        assert_eq!(CALLS.with(Cell::get), 0);
+        EVENT_SYNCS.with(|c| c.set(0));
+        t.host_wait(Access::Write).unwrap();
+        assert_eq!(
+            (CALLS.with(Cell::get), EVENT_SYNCS.with(Cell::get)),
+            (2, 1),
+            "the host write did not wait for the fast begins' work (record + sync)"
+        );
+        assert!(t.is_idle());
+    }
+
+    /// The lock-free path is taken only while the publication stands for the state: after a
+    /// record that covers the marks, beside another stream's entry, for another stream, for a
+    /// write under read marks, outside the marked range, for another handle to the stream, and
+    /// after `begin_slow`, `begin` takes the lock (and publishes again where it can).
+    #[test]
+    fn the_lock_free_path_stops_where_its_publication_does() {
+        let (s, other) = (Arc::new(0), Arc::new(1));
+        let step = |t: &Tracker<Counting>, st: &Arc<u32>, r: (usize, usize), a: Access| {
+            locks_since();
+            t.begin(st, r, a).unwrap();
+            t.end();
+            locks_since()
+        };
+        let w = Access::Write;
+        let r = Access::Read;
+
+        // A host wait records and covers the marks: the next begin marks anew under the lock.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 64), w), 1);
+        t.host_wait(Access::Read).unwrap();
+        assert_eq!(step(&t, &s, (0, 64), r), 1, "fast after a covering record");
+        assert_eq!(step(&t, &s, (0, 64), r), 0, "republished");
+        // Read marks let reads through, not writes.
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "a write under read marks");
+        assert_eq!(step(&t, &s, (0, 64), w), 0);
+
+        // Another stream's entry: nothing is published while it stays.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 64), w), 1);
+        assert_eq!(step(&t, &other, (0, 8), r), 1, "another stream went fast");
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
+
+        // Outside the marked range; then the merged range is published.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 32), w), 1);
+        assert_eq!(step(&t, &s, (32, 64), w), 1, "fast outside the marks");
+        assert_eq!(step(&t, &s, (0, 64), w), 0, "the merged marks");
+
+        // Another handle to the same stream (ids differ): the lock, never a wrong answer.
+        let same = Arc::new(0);
+        assert_eq!(step(&t, &same, (0, 64), w), 1);
+
+        // `begin_slow` (capture paths) withdraws and publishes nothing.
+        let t = Tracker::<Counting>::default();
+        t.begin_slow(&s, (0, 64), w).unwrap();
+        t.end();
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "begin_slow published");
+        t.begin_slow(&s, (0, 64), w).unwrap();
+        t.end();
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "begin_slow left a publication");
+    }
+
+    /// A host read beside a fast `begin` still queueing (its guard alive): the read's record
+    /// does not cover that work, so the marks stay pending and the next host wait records
+    /// again. (If the fast begin were not counted in flight, the first record would clear the
+    /// marks and the second wait would make no call: a host write would then not wait for
+    /// the work queued after the first record.)
+    #[test]
+    fn a_host_wait_beside_a_fast_begin_keeps_its_marks_pending() {
+        let s = Arc::new(0);
+        let t = Tracker::<Counting>::default();
+        t.begin(&s, (0, 64), Access::Write).unwrap();
+        t.end();
+        locks_since();
+        t.begin(&s, (0, 32), Access::Read).unwrap(); // fast; its work not yet queued
+        assert_eq!(locks_since(), 0);
+        EVENT_SYNCS.with(|c| c.set(0));
+        t.host_wait(Access::Read).unwrap(); // a host read on another thread, meanwhile
+        t.end(); // the read is queued now
+        t.host_wait(Access::Write).unwrap();
+        assert_eq!(
+            EVENT_SYNCS.with(Cell::get),
+            2,
+            "the write waited on the event recorded before the fast begin's work"
+        );
+        assert!(t.is_idle());
+    }
+
+    /// At the fence: a buffer bound to a stream capture takes the lock on every begin (the
+    /// capture checks run first), and goes back to the lock-free path once unbound.
+    #[test]
+    fn a_fence_bound_to_a_capture_takes_the_lock() {
+        // SAFETY: a stand-in handle that never reaches the runtime: not a default stream (no
+        // device check), and its fence holds this one stream only (nothing is recorded).
+        let s = unsafe {
+            crate::Stream::from_raw(
+                std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
+                crate::Device::from_ordinal_unchecked(0),
+            )
+        };
+        let f = super::Fence::default();
+        let step = |f: &super::Fence| {
+            locks_since();
+            drop(f.begin(&s, (0, 64), Access::Write).unwrap());
+            locks_since()
+        };
+        assert_eq!(step(&f), 1);
+        assert_eq!(step(&f), 0);
+        f.bind(7).unwrap();
+        assert_eq!(step(&f), 1, "fast while bound to a capture");
+        assert_eq!(step(&f), 1, "fast while bound to a capture");
+        f.unbind(7);
+        assert_eq!(step(&f), 1);
+        assert_eq!(step(&f), 0);
+    }
+
+    thread_local! {
+        static CAPT_CALLS: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// A backend whose streams from 100 on capture into one graph: its events say whether
+    /// they were recorded into the capture.
+    struct Capt;
+
+    impl Backend for Capt {
+        type Stream = Arc<u32>;
+        type Event = bool;
+        type Error = ();
+        fn same(a: &Arc<u32>, b: &Arc<u32>) -> bool {
+            a == b
+        }
+        fn id(s: &Arc<u32>) -> usize {
+            Arc::as_ptr(s) as usize
+        }
+        fn record(s: &Arc<u32>, _: Option<bool>) -> Result<bool, ()> {
+            CAPT_CALLS.with(|c| c.set(c.get() + 1));
+            Ok(**s >= 100)
+        }
+        fn wait(_: &Arc<u32>, _: &bool) -> Result<(), ()> {
+            CAPT_CALLS.with(|c| c.set(c.get() + 1));
+            Ok(())
+        }
+        fn query(_: &bool) -> Result<bool, ()> {
+            Ok(false)
+        }
+        fn sync_event(_: &bool) -> Result<(), ()> {
+            Ok(())
+        }
+        fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
+            Ok(())
+        }
+        fn skip(entry: &Arc<u32>, stream: &Arc<u32>) -> bool {
+            **stream >= 100 && **entry < 100
+        }
+        fn durable(captured: &bool) -> bool {
+            !captured
+        }
+    }
+
+    /// Issue 22: captured work is not ordered after work outside its capture (no call: the
+    /// launch is), and a wait inside a capture is never remembered as done, so the same
+    /// stream's work after the capture still waits (a remembered captured wait would let it
+    /// skip a wait it needs: a race with the entry's real work).
+    #[test]
+    fn captured_waits_skip_outside_work_and_are_not_remembered() {
+        let calls = || CAPT_CALLS.with(Cell::get);
+        let (real, cap_a, cap_b) = (Arc::new(1), Arc::new(100), Arc::new(101));
+        let t = Tracker::<Capt>::default();
+        t.mark(&real, (0, 64), Access::Write);
+        t.order(&cap_a, (0, 64), Access::Read).unwrap();
+        assert_eq!(
+            calls(),
+            0,
+            "captured work waited for work outside the capture"
+        );
+
+        let t = Tracker::<Capt>::default();
+        t.mark(&cap_a, (0, 64), Access::Write);
+        t.order(&cap_b, (0, 64), Access::Read).unwrap();
+        assert_eq!(calls(), 2, "record + wait inside the capture");
+        t.order(&cap_b, (0, 64), Access::Read).unwrap();
+        assert!(
+            calls() > 2,
+            "the captured wait was remembered as a durable one"
+        );
+
+        // An ordinary wait is still remembered.
+        let t = Tracker::<Capt>::default();
+        t.mark(&real, (0, 64), Access::Write);
+        let other = Arc::new(2);
+        t.order(&other, (0, 64), Access::Read).unwrap();
+        let after = calls();
+        t.order(&other, (0, 64), Access::Read).unwrap();
+        assert_eq!(calls(), after, "an unchanged entry was waited for twice");
     }
 }

@@ -10,7 +10,8 @@
 //! somebody needs to wait for that work (host access, drop, or work on another stream that
 //! conflicts), and it covers everything S had queued by then (PyTorch's caching allocator
 //! records its stream events the same way, at free time). So queueing work costs two mutex
-//! operations and no runtime call; work on the same stream never waits (stream order already
+//! operations and no runtime call, or none in the steady state of one stream (see the
+//! lock-free path below); work on the same stream never waits (stream order already
 //! implies it); work on disjoint ranges never waits; readers never wait for readers.
 //!
 //! # Marking before the enqueue, and work in flight
@@ -42,12 +43,56 @@
 //! The mark of `marked` is entered lazily, by the first call that looks at the state: a
 //! buffer freed on its own stream with no other use never makes an entry.
 //!
+//! # The lock-free path
+//!
+//! A locked `begin` that leaves the tracker with one entry *publishes* it (in `Hot`, beside
+//! the count of work in flight): the stream's [`Backend::id`], and a range `[lo, hi)` of its
+//! marks since the last record, write marks (which subsume any access by that stream) or read
+//! marks (which subsume its reads). A `begin` on that stream inside the range then only raises
+//! the count: the marks already stand for its work (the locked path would re-add them and bump
+//! the clock), and with no other entry there is nothing to order it after. The publication is
+//! guarded by a seal, `seq << 2 | mode`, that every change bumps (a seqlock generation: no
+//! A-B-A); the fast path reads the seal, the fields (acquire; the publisher stores them with
+//! release after withdrawing the last publication), raises the count, and reads the seal again.
+//!
+//! Soundness rests on three points.
+//! - *Withdrawal before the count is read.* Every holder of the lock (and every exclusive
+//!   borrow) withdraws the publication before it changes the state or reads the count, and
+//!   reads the count by a read-modify-write (release and acquire). In the count's modification
+//!   order the holder's read comes either after a fast `begin`'s increment (it sees the work
+//!   in flight: its records leave the marks pending, as for a locked `begin` in flight), or
+//!   before it (its release synchronizes with the increment's acquire, and the begin's second
+//!   read of the seal sees the withdrawal: it undoes its increment and takes the lock). So no
+//!   record made while a fast `begin`'s work may still be queueing clears the marks that stand
+//!   for it, and none sets the entry's last covering record to its current clock.
+//! - *No one waits for the fast work meanwhile*, as for any work in flight (see above): work
+//!   that conflicts with it needs a borrow Rust forbids while its guard lives. Work on other
+//!   ranges (views), host reads and readers on other streams may record the entry's event
+//!   meanwhile; it covers what they need, the earlier work, not the fast work, which is on
+//!   other bytes or only reads. An entry added for another stream ends the publication (its
+//!   holder withdraws it, and a tracker with two entries publishes nothing): the next `begin`
+//!   is ordered under the lock. (Marks past `Ranges::MAX` pieces become their hull, which
+//!   may cover bytes the stream never used and another stream wrote: with one entry there is
+//!   no such stream.)
+//! - *The stream is the entry's.* The published id is that of the entry's own handle, which
+//!   the entry keeps alive until a holder removes it, after withdrawing; a caller's handle with
+//!   the same id while the seal holds is therefore the same stream object.
+//!
+//! The fence takes this path only outside stream captures ([`begin_slow`](Tracker::begin_slow)
+//! otherwise). The loom model (`cuda-mem-loom`) checks it against host waits, records, other
+//! streams' begins, exclusive accesses and republication; it fails with the increment or the
+//! holder's read of the count relaxed to a plain access, with the withdrawal removed, with the
+//! validation removed or made before the increment, with a publication beside other entries,
+//! with read marks that let writes through, or with a seal that is not bumped.
+//!
+//! # Failures
+//!
 //! A failure never leaves queued work unseen: marking cannot fail; when recording an event
 //! fails, the fence falls back to synchronizing the whole stream, and when that fails too it
 //! returns the error *before* the caller queues anything (in `begin`) or refuses host access
 //! (in `host_wait`), and the owner then leaks the memory rather than free it.
 
-use super::sync::atomic::{AtomicUsize, Ordering};
+use super::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::sync::{Arc, Mutex, MutexGuard};
 
 /// The GPU calls the fence makes.
@@ -60,6 +105,11 @@ pub trait Backend {
     type Error;
     /// Whether two handles name the same stream.
     fn same(a: &Self::Stream, b: &Self::Stream) -> bool;
+    /// A number that identifies the stream *object* behind `s` (its address, for a shared
+    /// handle): two handles alive at the same time with the same id must be [`same`](Self::same).
+    /// (Two handles to the same stream may have different ids: the fast path of
+    /// [`Tracker::begin`] then only falls back to the lock.)
+    fn id(s: &Self::Stream) -> usize;
     /// Records `reuse` (or a new event) at the current end of `stream`.
     fn record(
         stream: &Self::Stream,
@@ -78,6 +128,25 @@ pub trait Backend {
     /// is reported first, so that a caller who trusts a lost context to have stopped its work
     /// never does so while other work may run. The default assumes the worst.
     fn may_still_run(_error: &Self::Error) -> bool {
+        true
+    }
+    /// Whether new work on `stream` need not be ordered after the work of `entry` at all: work
+    /// captured into a graph against work outside the capture (the graph's launches are
+    /// ordered after that work instead). Skipped entries are not noted as waited for. The
+    /// default orders everything.
+    fn skip(_entry: &Self::Stream, _stream: &Self::Stream) -> bool {
+        false
+    }
+    /// Whether `event` still stands for the work it was recorded after (an event recorded
+    /// into a stream capture stops doing so when the capture ends): an entry whose covering
+    /// event is not current records anew. The default: always.
+    fn current(_event: &Self::Event) -> bool {
+        true
+    }
+    /// Whether a device-side wait for `event` orders the waiting stream's later work for good
+    /// (a wait inside a stream capture orders only captured work): only such waits let a later
+    /// conflict with the same, unchanged entry skip its wait. The default: always.
+    fn durable(_event: &Self::Event) -> bool {
         true
     }
 }
@@ -143,6 +212,14 @@ impl Ranges {
     /// Whether any range overlaps `[start, end)`.
     pub fn overlaps(&self, (start, end): (usize, usize)) -> bool {
         self.as_slice().iter().any(|r| r.0 < end && start < r.1)
+    }
+
+    /// The range that contains all of `[start, end)`, if one does.
+    fn containing(&self, (start, end): (usize, usize)) -> Option<(usize, usize)> {
+        self.as_slice()
+            .iter()
+            .copied()
+            .find(|r| r.0 <= start && end <= r.1)
     }
 
     /// Whether there is no range.
@@ -224,7 +301,9 @@ impl<B: Backend> Entry<B> {
     /// Whether an event covers every mark: the entry's work is complete once it is.
     fn covering_event(&self) -> Option<&Arc<B::Event>> {
         let r = self.rec.as_deref()?;
-        r.event.as_ref().filter(|_| r.at == self.marked)
+        r.event
+            .as_ref()
+            .filter(|e| r.at == self.marked && B::current(e))
     }
 
     fn has_writes(&self) -> bool {
@@ -314,11 +393,50 @@ struct State<B: Backend> {
     origin_mark: Option<((usize, usize), Access)>,
 }
 
+/// What the lock-free path of [`Tracker::begin`] reads, and the count it raises: one cache
+/// line's worth, kept together (`repr(C)`) so that a fast `begin` touches one line.
+#[repr(C)]
+struct Hot {
+    /// Work marked by `begin` whose `end` has not come yet (see the module docs).
+    in_flight: AtomicUsize,
+    /// The publication's sequence number and mode: `seq << 2 | mode`, `mode` one of
+    /// [`NONE`], [`READ`], [`WRITE`]. Every change bumps `seq` (a seqlock generation), so a
+    /// reader that reads the same value before and after reading `stream`, `lo` and `hi`
+    /// read one publication, and no invalidation came in between.
+    seal: AtomicU64,
+    /// [`Backend::id`] of the one entry's stream, while published.
+    stream: AtomicUsize,
+    /// The published range `[lo, hi)` of that entry's marks since its last record.
+    lo: AtomicUsize,
+    hi: AtomicUsize,
+}
+
+/// Nothing published: every `begin` takes the lock.
+const NONE: u64 = 0;
+/// Published: the one entry has un-recorded *read* marks over `[lo, hi)`.
+const READ: u64 = 1;
+/// Published: the one entry has un-recorded *write* marks over `[lo, hi)`.
+const WRITE: u64 = 2;
+/// The mode bits of [`Hot::seal`].
+const MODE: u64 = 3;
+
+impl Hot {
+    fn new() -> Self {
+        Hot {
+            in_flight: AtomicUsize::new(0),
+            seal: AtomicU64::new(NONE),
+            stream: AtomicUsize::new(0),
+            lo: AtomicUsize::new(0),
+            hi: AtomicUsize::new(0),
+        }
+    }
+}
+
 /// Pending work on one buffer: see the module docs.
 pub struct Tracker<B: Backend> {
     state: Mutex<State<B>>,
-    /// Work marked by `begin` whose `end` has not come yet (see the module docs).
-    in_flight: AtomicUsize,
+    /// The count of work in flight and the fast path's publication.
+    hot: Hot,
     /// The stream of a [`marked`](Self::marked) tracker's first work (a stream-ordered
     /// allocation's stream, where its free is queued too), kept for its owner.
     origin: Option<B::Stream>,
@@ -332,7 +450,7 @@ impl<B: Backend> Default for Tracker<B> {
                 clock: 0,
                 origin_mark: None,
             }),
-            in_flight: AtomicUsize::new(0),
+            hot: Hot::new(),
             origin: None,
         }
     }
@@ -345,8 +463,89 @@ impl<B: Backend> Tracker<B> {
         // A panic while holding the lock leaves at worst extra entries (more waiting), never
         // fewer: recover the state.
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        #[cfg(test)]
+        tests_hook::LOCKS.with(|c| c.set(c.get() + 1));
+        // Before anything reads the state or the count (`settled`): see `invalidate`.
+        self.invalidate();
         Self::settle(&mut st, self.origin.as_ref());
         st
+    }
+
+    /// Withdraws the fast path's publication, if there is one: called by every holder of the
+    /// lock (and every exclusive borrow) before it changes the state or reads the count of
+    /// work in flight ([`settled`](Self::settled), a read-modify-write). Of a fast `begin`
+    /// (its increment of the count, also a read-modify-write, then its second read of the
+    /// seal) and a holder (this withdrawal, then its read of the count), one comes first in
+    /// the count's modification order: either the holder's read sees the begin in flight
+    /// (its records then leave the marks pending), or the holder's release synchronizes with
+    /// the begin's acquire and the begin's second read sees the withdrawal (it falls back to
+    /// the lock). When nothing is published, no fast `begin` can validate until the next
+    /// publication, made by a later holder: nothing to store.
+    fn invalidate(&self) {
+        // Only holders of the lock (or of `&mut self`) write the seal: the load sees the last.
+        let v = self.hot.seal.load(Ordering::Relaxed);
+        if v & MODE != NONE {
+            self.hot
+                .seal
+                .store(((v >> 2) + 1) << 2 | NONE, Ordering::Release);
+        }
+    }
+
+    /// Publishes the one entry's un-recorded marks that cover `range` for the fast path, at the
+    /// end of a locked [`begin`](Self::begin) that just marked `range` as `access` (so no
+    /// event covers those marks, and none will until a holder of the lock, which withdraws
+    /// the publication first, records with nothing in flight). Nothing is published when the
+    /// tracker has other entries (a fast `begin` would have to be ordered after them).
+    fn publish(&self, st: &State<B>, range: (usize, usize), access: Access) {
+        let [e] = st.entries.as_slice() else {
+            return;
+        };
+        let (mode, (lo, hi)) = match (e.writes.containing(range), access) {
+            (Some(piece), _) => (WRITE, piece),
+            (None, Access::Read) => match e.reads.containing(range) {
+                Some(piece) => (READ, piece),
+                None => return,
+            },
+            // (A write's range is in `writes`, just marked; an empty range is not.)
+            (None, Access::Write) => return,
+        };
+        // Withdrawn by this holder's `lock`: the fields are free to write. Release stores: a
+        // fast `begin` that reads one of them (acquire) sees the withdrawal that came before
+        // (and so a second seal that differs from its first).
+        let v = self.hot.seal.load(Ordering::Relaxed);
+        debug_assert_eq!(v & MODE, NONE);
+        self.hot.stream.store(B::id(&e.stream), Ordering::Release);
+        self.hot.lo.store(lo, Ordering::Release);
+        self.hot.hi.store(hi, Ordering::Release);
+        self.hot
+            .seal
+            .store(((v >> 2) + 1) << 2 | mode, Ordering::Release);
+    }
+
+    /// The lock-free `begin`: true when the publication covers the work, which is then in
+    /// flight (counted once); false, counting nothing, otherwise.
+    #[inline]
+    fn try_fast(&self, stream: &B::Stream, range: (usize, usize), access: Access) -> bool {
+        let v = self.hot.seal.load(Ordering::Acquire);
+        let mode = v & MODE;
+        if mode == NONE || (mode == READ && access == Access::Write) {
+            return false;
+        }
+        if self.hot.stream.load(Ordering::Acquire) != B::id(stream)
+            || range.0 < self.hot.lo.load(Ordering::Acquire)
+            || range.1 > self.hot.hi.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        // In flight first, then validate (see `invalidate`): the same seal means no holder
+        // withdrew the publication in between, and every holder that withdraws it later sees
+        // this work in flight.
+        self.hot.in_flight.fetch_add(1, Ordering::AcqRel);
+        if self.hot.seal.load(Ordering::Acquire) == v {
+            return true;
+        }
+        self.hot.in_flight.fetch_sub(1, Ordering::Release);
+        false
     }
 
     /// Enters the origin's pending mark as the entry [`mark`](Self::mark) would have made on
@@ -378,7 +577,7 @@ impl<B: Backend> Tracker<B> {
                 clock: 0,
                 origin_mark: Some((range, access)),
             }),
-            in_flight: AtomicUsize::new(0),
+            hot: Hot::new(),
             origin: Some(stream),
         }
     }
@@ -392,11 +591,41 @@ impl<B: Backend> Tracker<B> {
     /// (device side) for conflicting work of other streams, and marks the work as in flight.
     /// Call [`end`](Self::end) once it is queued (or queueing failed). On error nothing was
     /// marked, and the caller must not queue.
+    ///
+    /// Work that the one stream with marks on the buffer queues inside its marks since their
+    /// last record takes the lock-free path (see the module docs); other work takes the lock,
+    /// and publishes for that path where it can.
+    #[inline]
     pub fn begin(
         &self,
         stream: &B::Stream,
         range: (usize, usize),
         access: Access,
+    ) -> Result<(), B::Error> {
+        if self.try_fast(stream, range, access) {
+            return Ok(());
+        }
+        self.begin_locked(stream, range, access, true)
+    }
+
+    /// [`begin`](Self::begin) under the lock always, publishing nothing: for work that a
+    /// stream capture may concern, which the fence checks around the call.
+    pub fn begin_slow(
+        &self,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+    ) -> Result<(), B::Error> {
+        self.begin_locked(stream, range, access, false)
+    }
+
+    #[inline(never)]
+    fn begin_locked(
+        &self,
+        stream: &B::Stream,
+        range: (usize, usize),
+        access: Access,
+        publish: bool,
     ) -> Result<(), B::Error> {
         let mut st = self.lock();
         let full = self.settled();
@@ -404,14 +633,17 @@ impl<B: Backend> Tracker<B> {
         Self::mark_locked(&mut st, full, stream, range, access);
         // Under the lock, so that every other holder sees it (the order inside the critical
         // section does not matter to them).
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.hot.in_flight.fetch_add(1, Ordering::AcqRel);
+        if publish {
+            self.publish(&st, range, access);
+        }
         Ok(())
     }
 
     /// After the work of a [`begin`](Self::begin) was queued (or queueing failed: the mark only
     /// adds waiting). Cannot fail, takes no lock.
     pub fn end(&self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.hot.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Through an exclusive borrow of the tracker (its memory's owner, borrowed mutably or
@@ -423,13 +655,17 @@ impl<B: Backend> Tracker<B> {
     /// every later wait would record (or synchronize) anew and entries would never be pruned.
     pub fn exclusive(&mut self) {
         // (A plain store: `&mut self` excludes every other access to the count.)
-        self.in_flight.store(0, Ordering::Release);
+        self.hot.in_flight.store(0, Ordering::Release);
     }
 
     /// Whether no marked work is still being queued: then an event recorded now covers every
-    /// mark. Read under the lock, so that no `begin` races it.
+    /// mark. Read under the lock (or an exclusive borrow), after [`invalidate`](Self::invalidate),
+    /// so that no `begin` races it.
     fn settled(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0
+        // A read-modify-write, not a load: it reads the last value in the count's
+        // modification order, and its release half orders the holder's withdrawal of the
+        // publication before any fast `begin` that increments after it (see `invalidate`).
+        self.hot.in_flight.fetch_add(0, Ordering::AcqRel) == 0
     }
 
     /// Makes `stream` wait (device side) for conflicting work of other streams, without
@@ -457,6 +693,8 @@ impl<B: Backend> Tracker<B> {
     ) -> Result<Option<&B::Stream>, B::Error> {
         // With `&mut self` no `begin` can still be queueing: a leaked guard's count goes.
         self.exclusive();
+        // Entries may change below (the lock is bypassed, not its rule).
+        self.invalidate();
         let full = self.settled();
         let Some(origin) = self.origin.as_ref() else {
             return Ok(None);
@@ -482,7 +720,10 @@ impl<B: Backend> Tracker<B> {
         let mut i = 0;
         while i < st.entries.len() {
             let e = &st.entries[i];
-            if B::same(&e.stream, stream) || !e.conflicts(range, access) {
+            if B::same(&e.stream, stream)
+                || !e.conflicts(range, access)
+                || B::skip(&e.stream, stream)
+            {
                 i += 1;
                 continue;
             }
@@ -501,11 +742,12 @@ impl<B: Backend> Tracker<B> {
                 i += 1;
                 continue;
             }
+            // `Some(durable)` once the stream waits on the device.
             let waited = match st.entries[i].materialize(full) {
-                Ok(ev) => B::wait(stream, &ev).is_ok(),
-                Err(_) => false,
+                Ok(ev) => B::wait(stream, &ev).ok().map(|()| B::durable(&ev)),
+                Err(_) => None,
             };
-            if !waited {
+            let Some(durable) = waited else {
                 // Could not order on the device: wait on the host instead. Then the entry's
                 // queued work is complete; it is forgotten only when nothing is in flight:
                 // otherwise its marks may include work of a `begin` on the same stream that
@@ -518,7 +760,7 @@ impl<B: Backend> Tracker<B> {
                     i += 1;
                 }
                 continue;
-            }
+            };
             let t = match st.entries.iter().position(|t| B::same(&t.stream, stream)) {
                 Some(t) => t,
                 None => {
@@ -526,8 +768,9 @@ impl<B: Backend> Tracker<B> {
                     st.entries.len() - 1
                 }
             };
-            // Only an event that covers every mark may stand for them in a later skip.
-            if full {
+            // Only an event that covers every mark may stand for them in a later skip, and
+            // only a wait that orders the stream for good.
+            if full && durable {
                 let waited = &mut st.entries[t].rec_mut().waited;
                 waited.retain(|(s, _)| !B::same(s, &key.0));
                 waited.push(key);
@@ -704,8 +947,8 @@ impl<B: Backend> Tracker<B> {
     /// [`exclusive`](Self::exclusive)). Drop must not panic, so nothing here asserts.
     pub fn retire(&mut self) -> Result<Vec<Arc<B::Event>>, B::Error> {
         self.exclusive();
-        let full = self.settled();
         let mut st = self.lock();
+        let full = self.settled();
         let mut events = Vec::new();
         for e in st.entries.iter_mut().filter(|e| !e.is_idle()) {
             match e.materialize(full) {
@@ -734,6 +977,15 @@ impl<B: Backend> Tracker<B> {
     /// Whether no work is known to be pending (for tests and statistics).
     pub fn is_idle(&self) -> bool {
         self.lock().entries.iter().all(Entry::is_idle)
+    }
+}
+
+/// Counts of what the tracker did, per thread, for the fence's unit tests.
+#[cfg(test)]
+pub(crate) mod tests_hook {
+    std::thread_local! {
+        /// Lock acquisitions.
+        pub(crate) static LOCKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 }
 

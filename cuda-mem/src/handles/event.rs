@@ -9,6 +9,9 @@ use crate::handles::devices::{current_ordinal, Device};
 use crate::handles::flags::flag_set;
 use crate::handles::stream::{Stream, StreamInner};
 
+/// The size of an interprocess event handle (`cudaIpcEventHandle_t`), in bytes.
+pub const IPC_EVENT_HANDLE_LEN: usize = 64;
+
 flag_set! {
     /// Flags of `cudaEventCreateWithFlags`, OR-able with `|`.
     EventFlags {
@@ -79,6 +82,55 @@ impl Event {
         Ok(Event {
             raw,
             device,
+            owned: true,
+        })
+    }
+
+    /// An event on `device` that other processes can open and wait for
+    /// (`cudaEventInterprocess | cudaEventDisableTiming`: CUDA requires interprocess events to
+    /// record no timing). Its handle: [`ipc_handle`](Self::ipc_handle).
+    pub fn interprocess(device: Device) -> Result<Self> {
+        let _g = device.guard()?;
+        Self::create(
+            sys::cudaEventInterprocess | sys::cudaEventDisableTiming,
+            "cudaEventCreateWithFlags(INTERPROCESS | DISABLE_TIMING)",
+        )
+    }
+
+    /// The bytes of the event's interprocess handle (`cudaIpcGetEventHandle`), for another
+    /// process to open with [`open_ipc`](Self::open_ipc). An event made without
+    /// [`EventFlags::INTERPROCESS`] is refused by the runtime (its error code is kept).
+    pub fn ipc_handle(&self) -> Result<[u8; IPC_EVENT_HANDLE_LEN]> {
+        let mut h = sys::cudaIpcEventHandle_t {
+            reserved: [0; IPC_EVENT_HANDLE_LEN],
+        };
+        // SAFETY: `h` is a valid out-pointer; the event handle is live.
+        let code = unsafe { sys::cudaIpcGetEventHandle(&mut h, self.raw) };
+        check(code, || format!("cudaIpcGetEventHandle({:p})", self.raw))?;
+        Ok(h.reserved.map(|b| b as u8))
+    }
+
+    /// Opens another process's interprocess event from its handle bytes
+    /// (`cudaIpcOpenEventHandle`), with `device` current: the local ordinal of the device the
+    /// event was created on. The opened event may be waited for ([`wait_on`](Self::wait_on),
+    /// [`synchronize`](Self::synchronize), [`is_complete`](Self::is_complete)); it is
+    /// destroyed on drop. CUDA: using it after the exporting process destroyed the event is
+    /// undefined, so the exporter must keep the event alive while others may wait for it
+    /// ([`ipc`](crate::ipc) does).
+    pub fn open_ipc(handle: &[u8; IPC_EVENT_HANDLE_LEN], device: Device) -> Result<Self> {
+        let _g = device.guard()?;
+        let h = sys::cudaIpcEventHandle_t {
+            reserved: handle.map(|b| b as std::os::raw::c_char),
+        };
+        let mut raw = ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the handle is plain bytes, which the runtime
+        // validates (a forged one is an error code, not undefined behaviour, as far as the
+        // runtime documents).
+        let code = unsafe { sys::cudaIpcOpenEventHandle(&mut raw, h) };
+        check_call(code, "cudaIpcOpenEventHandle")?;
+        Ok(Event {
+            raw,
+            device: device.ordinal(),
             owned: true,
         })
     }

@@ -84,6 +84,19 @@ impl StreamInner {
         self.device
     }
 
+    /// Whether this crate made the stream and destroys it with the last clone (not a borrowed
+    /// handle, nor a default stream): only then can holding a clone keep the handle valid.
+    #[cfg(feature = "cudarc-unpinned")]
+    pub(crate) fn is_owned(&self) -> bool {
+        self.owned
+    }
+
+    /// What keeps a borrowed handle valid (another library's stream object), if anything.
+    #[cfg(feature = "cudarc-unpinned")]
+    pub(crate) fn keeper(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self._keeper.as_deref()
+    }
+
     /// Makes the stream's device current for a runtime call, where the handle alone does not
     /// say which device it means: the null handle is the legacy default stream of whichever
     /// device is current. Owned streams carry their context, so they need nothing.

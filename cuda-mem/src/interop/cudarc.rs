@@ -2,6 +2,52 @@
 //! cuda-mem memory as arguments of cudarc kernel launches and cudarc copies, and cudarc memory
 //! (`CudaSlice`, `CudaView`, `CudaViewMut`) in cuda-mem copies, memsets and kernels.
 //!
+//! # Setup
+//!
+//! ```toml
+//! [dependencies]
+//! cuda-mem = { version = "0.1", features = ["cudarc"] }
+//! # `nvrtc`: `CudaContext::load_module` and `Ptx` (PTX text needs no libnvrtc at run time).
+//! cudarc = { version = "0.19.10", default-features = false, features = ["std", "driver", "nvrtc"] }
+//! ```
+//!
+//! cuda-mem's `cudarc` feature turns on what it needs of cudarc: `driver`, loading libcuda at
+//! run time (`fallback-dynamic-loading`), the CUDA 12.0 bindings (`cuda-12000`) and `nvrtc`;
+//! the application's own line above names the crate so that it can use its types.
+//!
+//! The entry points that start from cuda-mem values ([`context`], [`cudarc_stream`],
+//! [`Launch::on`]) check for the driver first and return an [`Error`] where cudarc would
+//! panic for want of libcuda; the others take cudarc objects, which only a loaded libcuda can
+//! have made. cudarc's `DriverError` converts into [`Error`] (`?`).
+//!
+//! # Launching kernels: [`Launch`]
+//!
+//! One stream, given once; one guard per buffer argument, taken for that stream; the launch
+//! on it. The guards end after the launch, so every buffer records the kernel; the only
+//! promise left to the `unsafe` launch is the kernel's own (parameters that match, accesses in
+//! bounds, writes only to `arg_out` memory):
+//!
+//! ```no_run
+//! use cudarc::driver::LaunchConfig;
+//! use cudarc::nvrtc::Ptx;
+//! use cuda_mem::interop::cudarc::{context, Launch};
+//! use cuda_mem::{Device, DeviceBuffer, Stream};
+//! # const PTX: &str = "";
+//! # fn main() -> cuda_mem::Result<()> {
+//! let f = context(Device::get(0)?)?.load_module(Ptx::from_src(PTX))?.load_function("double")?;
+//! let s = Stream::legacy_default();                        // any cuda-mem stream, or cudarc's
+//! let x = DeviceBuffer::from_slice(&[1u32, 2, 3])?;
+//! let mut y = DeviceBuffer::<u32>::zeroed(3)?;
+//! // SAFETY: `double(const u32* x, u32* y, u32 n)` writes y[i] = 2 * x[i] for i < n.
+//! unsafe { Launch::on(&s, &f, LaunchConfig::for_num_elems(3))?.arg_in(&x).arg_out(&mut y).arg(&3u32).launch()? };
+//! assert_eq!(y.to_vec()?, [2, 4, 6]);
+//! # Ok(()) }
+//! ```
+//!
+//! [`cudarc_stream`] lends cudarc any cuda-mem stream (blocking ones and the legacy default
+//! stream included, which cudarc cannot make), kept alive while cudarc holds it;
+//! [`stream`] goes the other way.
+//!
 //! # Two fences, both honoured
 //!
 //! Each side keeps its own record of the work pending on its memory. cuda-mem's buffers carry a
@@ -63,9 +109,9 @@
 //!   [`context`], which returns an error where cudarc would panic for want of a driver): the
 //!   CUDA runtime, and so cuda-mem, works in primary contexts. Others are refused
 //!   ([`Misuse::InvalidArgument`]).
-//! - Launching is `unsafe` (`LaunchArgs::launch`), and its caller promises what cuda-mem's
-//!   guards require: the launch is on the guard's stream, while the guard lives (see
-//!   [`DevicePtr`]). cudarc's `DevicePtr::device_ptr` on a guard *does* check the stream it is
+//! - Launching through cudarc's builder is `unsafe` (`LaunchArgs::launch`), and its caller
+//!   promises what cuda-mem's guards require: the launch is on the guard's stream, while the
+//!   guard lives (see [`DevicePtr`]). [`Launch`] keeps that promise itself. cudarc's `DevicePtr::device_ptr` on a guard *does* check the stream it is
 //!   given: on another stream, that stream first waits for the guard's, and the returned
 //!   `SyncOnDrop` synchronizes it, so the work is complete before the guard records.
 //! - A view is bound to its stream: work through it on another stream is refused
@@ -81,7 +127,12 @@
 //!   guard leaves its work ordered (it may cost the fence bookkeeping, never a wait).
 //!   cudarc's own calls that take a guard on another stream synchronize that stream before
 //!   they return. The [`Stream`] of [`stream`] keeps cudarc's stream alive: forgotten, it
-//!   leaks the stream.
+//!   leaks the stream. The other way, a cuda-mem stream lent by [`cudarc_stream`] stays alive
+//!   until cudarc's last handle to the wrapper is gone (noticed at the next call): a forgotten
+//!   handle leaks the stream, never frees it under cudarc. A [`Launch`] holds guards like any
+//!   other: forgotten, its buffers' work was marked when each argument was pushed, so later
+//!   waits still cover a kernel it launched (and one it never launched costs a needless wait
+//!   at most).
 //!
 //! # Features
 //!
@@ -92,7 +143,8 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ::cudarc::driver::{
     result as dresult, sys as dsys, CudaContext, CudaStream, DevicePtr as CudarcDevicePtr,
@@ -100,6 +152,9 @@ use ::cudarc::driver::{
     SyncOnDrop,
 };
 use bytemuck::Pod;
+
+mod launch;
+pub use self::launch::{Launch, LaunchStream};
 
 use crate::contract::memory::{sealed, Loc};
 use crate::error::{Error, ErrorCode, Misuse, Result};
@@ -150,14 +205,71 @@ impl Drop for Keeper {
     }
 }
 
-/// cudarc's context of `device`: its primary context (cudarc's `CudaContext::new`, which also
-/// binds it to the calling thread), the one the CUDA runtime and so cuda-mem work in.
+/// Where cudarc would panic, an error: cudarc loads libcuda at its first call and panics when
+/// it cannot (no driver installed). The runtime, linked into this crate, loads the same
+/// library (`libcuda.so.1`, one of the names cudarc tries) and says so with an error
+/// (`cudaErrorInsufficientDriver`, or `cudaErrorNoDevice` where it finds no device), which
+/// [`Error::is_no_device`] recognizes. Asked once per process while it succeeds.
+fn require_driver() -> Result<()> {
+    static FOUND: AtomicBool = AtomicBool::new(false);
+    if FOUND.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    Device::count()?;
+    FOUND.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The devices (the first 64) whose shared context [`shared_context`] has made.
+static CONTEXTS: [OnceLock<Arc<CudaContext>>; 64] = [const { OnceLock::new() }; 64];
+
+/// cudarc's context object of `device`'s primary context, one per device for the whole
+/// process (past the 64th device, a new one every call), made by `CudaContext::new` the
+/// first time. Not bound to the calling thread here.
+fn shared_context(device: Device) -> Result<Arc<CudaContext>> {
+    require_driver()?;
+    let ordinal = device.ordinal();
+    let index = usize::try_from(ordinal).map_err(|_| Misuse::InvalidArgument {
+        op: "interop::cudarc::context",
+        reason: format!("device ordinal {ordinal} out of range"),
+    })?;
+    let slot = CONTEXTS.get(index);
+    if let Some(ctx) = slot.and_then(OnceLock::get) {
+        return Ok(ctx.clone());
+    }
+    // `CudaContext::new` binds the context to this thread: give the thread its own back.
+    let before = dresult::ctx::get_current()
+        .map_err(|e| driver_error(e, "cuCtxGetCurrent (interop::cudarc::context)"))?;
+    let ctx = CudaContext::new(index)
+        .map_err(|e| driver_error(e, format!("CudaContext::new({ordinal})")))?;
+    if before != Some(ctx.cu_ctx()) {
+        // SAFETY: `before` was the thread's current context a moment ago (or none: null
+        // unbinds); the runtime keeps primary contexts alive, and others are the caller's.
+        unsafe { dresult::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) }
+            .map_err(|e| driver_error(e, "cuCtxSetCurrent (interop::cudarc::context)"))?;
+    }
+    Ok(match slot {
+        Some(slot) => slot.get_or_init(|| ctx).clone(),
+        None => ctx,
+    })
+}
+
+/// cudarc's context of `device`: its primary context, the one the CUDA runtime and so
+/// cuda-mem work in, bound to the calling thread as `CudaContext::new` does.
 ///
 /// The way in that cannot panic: cudarc panics when it cannot load libcuda (no driver
-/// installed), at its first call, while a [`Device`] exists only once the runtime has found
-/// the driver ([`Device::get`] returns `cudaErrorInsufficientDriver` otherwise, which
-/// [`Error::is_no_device`] recognizes). Every other entry point here takes cudarc objects,
-/// which only a loaded libcuda can have made.
+/// installed), at its first call; this returns the runtime's error instead
+/// (`cudaErrorInsufficientDriver` or `cudaErrorNoDevice`, which [`Error::is_no_device`]
+/// recognizes). So do every other entry point of this module that starts from cuda-mem
+/// values ([`cudarc_stream`], [`Launch::on`]); those that take cudarc objects need no check,
+/// since only a loaded libcuda can have made them.
+///
+/// Every call for one device returns the same context object (`Arc::ptr_eq`), so that
+/// cudarc's settings that live in the object (its event tracking, whether it manages several
+/// streams) are one for all of the program's cudarc work, the streams of [`cudarc_stream`]
+/// included. (Two `CudaContext::new` objects of one device track their slices' events each
+/// for itself: a slice of one used on a stream of the other, both in one-stream mode, is not
+/// ordered. Take cudarc's context from here.)
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
@@ -167,14 +279,167 @@ impl Drop for Keeper {
 /// # Ok(()) }
 /// ```
 ///
-/// Errors: the driver's (as [`Error::Cuda`]).
+/// Errors: no driver or device (as above); the driver's (as [`Error::Cuda`]).
 pub fn context(device: Device) -> Result<Arc<CudaContext>> {
-    let ordinal = device.ordinal();
-    let index = usize::try_from(ordinal).map_err(|_| Misuse::InvalidArgument {
-        op: "interop::cudarc::context",
-        reason: format!("device ordinal {ordinal} out of range"),
-    })?;
-    CudaContext::new(index).map_err(|e| driver_error(e, format!("CudaContext::new({ordinal})")))
+    let ctx = shared_context(device)?;
+    ctx.bind_to_thread()
+        .map_err(|e| driver_error(e, "CudaContext::bind_to_thread"))?;
+    Ok(ctx)
+}
+
+/// The cuda-mem streams lent to cudarc by [`cudarc_stream`]: each kept alive (through a clone
+/// of its shared part) while cudarc still has a handle to the wrapper over it. Entries whose
+/// wrapper is gone are released at the next call.
+static LENT: Mutex<Vec<(Weak<CudaStream>, Arc<StreamInner>)>> = Mutex::new(Vec::new());
+
+/// The device's stream that keeps its shared context in cudarc's several-streams mode (see
+/// [`cudarc_stream`]), made once and never released.
+static SEVERAL: [OnceLock<Arc<CudaStream>>; 64] = [const { OnceLock::new() }; 64];
+
+/// A cuda-mem [`Stream`] as a cudarc stream (`Arc<CudaStream>`): cudarc's launches, copies,
+/// allocations and graphs on a stream cudarc cannot make itself. cudarc makes only
+/// non-blocking streams; this lends it cuda-mem's blocking ones ([`Stream::new`]), non-blocking
+/// ones, and the legacy default stream ([`Stream::legacy_default`]). The CUDA runtime's
+/// `cudaStream_t` and the driver's `CUstream` are one handle, so both libraries queue on the
+/// same stream.
+///
+/// - A stream this crate made ([`Stream::new`], [`Stream::non_blocking`], [`Stream::on`]):
+///   cudarc's wrapper over it (`CudaContext::wrap_borrowed_stream`), in [`context`]'s context
+///   object. The stream stays alive while cudarc has any handle to the wrapper (a clone, a
+///   `CudaSlice` allocated on it, a graph): its last release is noticed, and the stream
+///   released, at the next call of this function. The context is switched to cudarc's
+///   several-streams mode first (one idle stream of cudarc's own, kept), so that cudarc
+///   records its events on every slice: a slice allocated on one cuda-mem stream and used on
+///   another through cudarc is ordered by cudarc itself. (Entering that mode, cudarc waits
+///   once for the device's pending work, as its own first `new_stream` does.)
+/// - The legacy default stream: cudarc's `default_stream()` of that device (the null handle).
+/// - A cuda-mem stream over a cudarc stream ([`stream`]): that cudarc stream itself.
+///
+/// cuda-mem memory goes into cudarc work on the stream through guards
+/// ([`CudarcPtr::cudarc_ptr`] and the others), which order the stream and record the work as
+/// for any cudarc stream; cudarc's own memory orders itself.
+///
+/// ```no_run
+/// # fn main() -> cuda_mem::Result<()> {
+/// use cuda_mem::interop::cudarc::cudarc_stream;
+/// use cuda_mem::Stream;
+/// let s = Stream::new()?;                  // blocking: ordered with the legacy default stream
+/// let cs = cudarc_stream(&s)?;             // the same stream, for cudarc
+/// let y = cs.clone_htod(&[1u32, 2, 3])?;   // cudarc's copy, queued on `s`
+/// drop(s);                                 // `cs` keeps the stream alive
+/// assert_eq!(cs.clone_dtoh(&y)?, [1, 2, 3]);
+/// # Ok(()) }
+/// ```
+///
+/// Errors: no driver or device ([`context`]); [`Misuse::InvalidArgument`] for a per-thread
+/// default stream ([`Stream::per_thread`]: its handle names a different stream on every
+/// thread, and cudarc's streams go to any thread) and for a stream borrowed with
+/// [`Stream::from_raw`] (this crate cannot keep it alive: wrap it with cudarc's `unsafe`
+/// `wrap_borrowed_stream` under the same promise); the driver's.
+pub fn cudarc_stream(s: &Stream) -> Result<Arc<CudaStream>> {
+    let op = "interop::cudarc::cudarc_stream";
+    let inner = s.inner();
+    if let Some(keeper) = inner.keeper().and_then(|k| k.downcast_ref::<Keeper>()) {
+        if let Some(cs) = &keeper.0 {
+            return Ok(cs.clone());
+        }
+    }
+    let raw = s.as_raw();
+    if raw as usize == 2 {
+        return Err(Misuse::InvalidArgument {
+            op,
+            reason: "a per-thread default stream names a different stream on every thread, \
+                     and cudarc's streams go to any thread: use a stream of your own"
+                .to_string(),
+        }
+        .into());
+    }
+    let device = s.device();
+    let ctx = shared_context(device)?;
+    if raw.is_null() {
+        return Ok(ctx.default_stream());
+    }
+    if !inner.is_owned() {
+        return Err(Misuse::InvalidArgument {
+            op,
+            reason: format!(
+                "stream {raw:p} is borrowed (Stream::from_raw): cuda-mem cannot keep it alive \
+                 for cudarc; wrap it with cudarc's CudaContext::wrap_borrowed_stream, under \
+                 the promise Stream::from_raw was given"
+            ),
+        }
+        .into());
+    }
+    several_streams(&ctx, device)?;
+    // The wrapper must be in the stream's context: the runtime made it in the primary
+    // context of its device (the context the runtime works in), which is `ctx`'s.
+    let mut its_ctx: dsys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `raw` is a live stream handle (`s` owns it); `its_ctx` is a valid out-pointer.
+    unsafe { dsys::cuStreamGetCtx(raw.cast(), &mut its_ctx) }
+        .result()
+        .map_err(|e| driver_error(e, format!("cuStreamGetCtx({raw:p})")))?;
+    if its_ctx != ctx.cu_ctx() {
+        return Err(Misuse::InvalidArgument {
+            op,
+            reason: format!(
+                "stream {raw:p} belongs to another context than the primary context of \
+                 device {} (a context made current through the driver API when the stream \
+                 was made)",
+                device.ordinal()
+            ),
+        }
+        .into());
+    }
+    // SAFETY: `raw` is a valid stream of `ctx`'s context (checked just above). Its owner, the
+    // stream's shared part, is kept alive in LENT until cudarc holds no handle to the wrapper
+    // (released only once the wrapper's `Weak` is dead, when nothing can use the handle
+    // through it). Ordering with cuda-mem's work: cuda-mem memory reaches cudarc only through
+    // guards, which order the stream after the memory's pending work and record the work on
+    // it; cudarc's memory orders itself (the context tracks events, `several_streams`).
+    let cs = unsafe { ctx.wrap_borrowed_stream(raw.cast()) };
+    let released = {
+        let mut lent = LENT.lock().unwrap_or_else(|e| e.into_inner());
+        let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *lent)
+            .into_iter()
+            .partition(|(w, _)| w.strong_count() > 0);
+        *lent = keep;
+        lent.push((Arc::downgrade(&cs), inner.clone()));
+        gone
+    };
+    // Released outside the lock (the last clone of a stream destroys it).
+    drop(released);
+    Ok(cs)
+}
+
+/// Puts `device`'s shared context `ctx` in cudarc's several-streams mode for good, where
+/// cudarc records read and write events on every slice made from then on (it does so only
+/// once one of its own streams exists): one idle stream of cudarc's, kept.
+fn several_streams(ctx: &Arc<CudaContext>, device: Device) -> Result<()> {
+    if ctx.is_in_multi_stream_mode() {
+        return Ok(());
+    }
+    let before = dresult::ctx::get_current()
+        .map_err(|e| driver_error(e, "cuCtxGetCurrent (interop::cudarc::cudarc_stream)"))?;
+    let cs = ctx
+        .new_stream()
+        .map_err(|e| driver_error(e, "CudaContext::new_stream"));
+    if before != Some(ctx.cu_ctx()) {
+        // SAFETY: as in `shared_context`: the thread's context of a moment ago (or none).
+        let _ = unsafe { dresult::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) };
+    }
+    let cs = cs?;
+    match usize::try_from(device.ordinal())
+        .ok()
+        .and_then(|i| SEVERAL.get(i))
+    {
+        Some(slot) => {
+            // (Another thread's may have won: then `cs` is dropped, its own is kept.)
+            slot.get_or_init(|| cs);
+        }
+        // Past the 64th device: kept by leaking one handle.
+        None => std::mem::forget(cs),
+    }
+    Ok(())
 }
 
 /// A cuda-mem [`Stream`] over a cudarc stream, for cuda-mem's copies, memsets and guards on

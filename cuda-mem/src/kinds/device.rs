@@ -1,14 +1,14 @@
 //! Device memory: `cudaMalloc` / `cudaMemset` / `cudaMemcpy` / `cudaFree`, or stream-ordered
 //! from a [`MemPool`]: `cudaMallocFromPoolAsync` / `cudaFreeAsync`.
 
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
 use crate::alloc::pool::{self, MemPool, PoolLocation, Pooled};
-use crate::contract::buffer::impl_buffer;
+use crate::contract::buffer::sealed::Alloc;
+use crate::contract::buffer::Buffer;
 use crate::contract::layout::Layout;
 use crate::contract::memory::Loc;
 use crate::contract::size::fmt_bytes;
@@ -37,29 +37,48 @@ use crate::handles::stream::Stream;
 /// assert_eq!(buf.to_vec()?, vec![0.0; 3]);                           // D2H
 /// # Ok(()) }
 /// ```
+pub type DeviceBuffer<T> = Buffer<T, DeviceMemory>;
+
+/// How a [`DeviceBuffer`]'s memory was obtained: `cudaMalloc` on its device, or a
+/// stream-ordered [`MemPool`] (whose stream is the fence's origin).
 #[derive(Debug)]
-pub struct DeviceBuffer<T: Pod> {
-    ptr: NonNull<T>,
-    len: usize,
-    device: i32,
-    fence: Fence,
-    /// The pool of a stream-ordered allocation (its stream is the fence's origin); `None` for
-    /// `cudaMalloc`.
+pub struct DeviceMemory {
+    device: Device,
+    /// The pool of a stream-ordered allocation; `None` for `cudaMalloc`.
     pooled: Option<Pooled>,
-    _owns: PhantomData<T>,
 }
 
-// SAFETY: the buffer owns its allocation exclusively (like `Vec<T>`); device memory may be used
-// and freed from any host thread (the pool and stream handles of a pooled buffer are
-// thread-safe runtime handles). Moving it to another thread moves that ownership, which is
-// sound when `T` itself may move between threads.
-unsafe impl<T: Pod + Send> Send for DeviceBuffer<T> {}
-// SAFETY: `&DeviceBuffer` only allows reads (copies out of it) and fence waits, which are
-// thread-safe runtime calls; the fence's state is behind a mutex, and its allocation stream
-// (a pooled buffer's) is a shared, never-changed `Arc` of a thread-safe runtime handle.
-unsafe impl<T: Pod + Sync> Sync for DeviceBuffer<T> {}
+impl Alloc for DeviceMemory {
+    const LOC: Loc = Loc::Device;
+    const KIND: &'static str = "DeviceBuffer";
 
-impl_buffer!(DeviceBuffer, Loc::Device, "The device address.", pooled);
+    fn located_on(&self) -> Option<Device> {
+        Some(self.device)
+    }
+
+    fn release(&mut self, ptr: NonNull<u8>, bytes: usize, fence: &mut Fence) -> Result<()> {
+        if let Some(pooled) = &self.pooled {
+            return pooled.free(ptr.as_ptr().cast(), bytes, fence);
+        }
+        fence.host_wait_mut(Access::Write)?;
+        // The allocating device current for the free (the guard switches only where needed,
+        // and restores the caller's device).
+        let _guard = self.device.guard().ok();
+        let p = ptr.as_ptr();
+        // SAFETY: the buffer owns the allocation and never uses it after this call (the
+        // `release` contract); pending work on it was waited for above.
+        check(unsafe { sys::cudaFree(p.cast()) }, || {
+            format!("cudaFree({p:p})")
+        })
+    }
+}
+
+impl DeviceMemory {
+    /// The pool of a stream-ordered allocation.
+    pub fn pool(&self) -> Option<&MemPool> {
+        self.pooled.as_ref().map(Pooled::pool)
+    }
+}
 
 /// Frees an allocation of `cudaMalloc` or `cudaMallocManaged` that [`Layout::place`] refused.
 pub(crate) fn free_refused(p: NonNull<std::os::raw::c_void>) -> Result<()> {
@@ -80,14 +99,15 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Owns `ptr`, an allocation of `len` elements on the current device.
     fn adopt(ptr: NonNull<T>, len: usize) -> Self {
-        DeviceBuffer {
+        Buffer::from_parts(
             ptr,
             len,
-            device: current_ordinal(),
-            fence: Fence::default(),
-            pooled: None,
-            _owns: PhantomData,
-        }
+            Fence::default(),
+            DeviceMemory {
+                device: Device::from_ordinal_unchecked(current_ordinal()),
+                pooled: None,
+            },
+        )
     }
 
     /// Allocates `len` elements from `pool` in `stream`'s order (`cudaMallocFromPoolAsync`),
@@ -130,19 +150,20 @@ impl<T: Pod> DeviceBuffer<T> {
             .into());
         };
         let (ptr, pooled, fence) = pool::alloc_for(pool, &layout, stream, op)?;
-        Ok(DeviceBuffer {
+        Ok(Buffer::from_parts(
             ptr,
             len,
-            device,
             fence,
-            pooled: Some(pooled),
-            _owns: PhantomData,
-        })
+            DeviceMemory {
+                device,
+                pooled: Some(pooled),
+            },
+        ))
     }
 
     /// The pool the buffer came from, for a stream-ordered allocation.
     pub fn pool(&self) -> Option<&MemPool> {
-        self.pooled.as_ref().map(Pooled::pool)
+        self.alloc.pool()
     }
 
     /// The stream a pooled buffer was allocated on, where its free will be queued.
@@ -183,7 +204,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// stream (non-blocking ones included), are ordered after the fill.
     pub fn memset(&mut self, byte: u8) -> Result<()> {
         // `cudaMemset` runs on the current device's legacy stream: make it this buffer's.
-        let legacy = Stream::legacy_on(self.device);
+        let legacy = Stream::legacy_on(self.alloc.device.ordinal());
         let _guard = legacy.inner().enter()?;
         let bytes = self.byte_len();
         self.fence.order(&legacy, (0, bytes), Access::Write)?;
@@ -197,9 +218,9 @@ impl<T: Pod> DeviceBuffer<T> {
         })
     }
 
-    /// The device ordinal the memory lives on.
-    pub fn device(&self) -> i32 {
-        self.device
+    /// The device the memory lives on.
+    pub fn device(&self) -> Device {
+        self.alloc.device
     }
 
     /// Takes ownership of device memory allocated with `cudaMalloc` elsewhere (C or C++ code).
@@ -213,37 +234,5 @@ impl<T: Pod> DeviceBuffer<T> {
     pub unsafe fn from_raw(ptr: *mut T, len: usize) -> Result<Self> {
         let ptr = Layout::adopt(ptr, len, "DeviceBuffer::from_raw")?;
         Ok(Self::adopt(ptr, len))
-    }
-
-    fn device_ordinal_impl(&self) -> Option<i32> {
-        Some(self.device)
-    }
-
-    fn device_addr_impl(&self) -> Result<*const T> {
-        Ok(self.ptr.as_ptr())
-    }
-
-    fn check_stream_impl(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
-        Ok(())
-    }
-
-    fn before_into_raw(&mut self) -> Result<()> {
-        Ok(())
-    }
-
-    fn release(&mut self) -> Result<()> {
-        if let Some(pooled) = &self.pooled {
-            let bytes = self.byte_len();
-            return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
-        }
-        self.fence.host_wait_mut(Access::Write)?;
-        // The allocating device current for the free (the guard switches only where needed,
-        // and restores the caller's device).
-        let _guard = Device::from_ordinal_unchecked(self.device).guard().ok();
-        let p = self.ptr.as_ptr();
-        // SAFETY: we own the allocation; callers (drop, free) never use it again afterwards.
-        check(unsafe { sys::cudaFree(p.cast()) }, || {
-            format!("cudaFree({p:p})")
-        })
     }
 }

@@ -4,7 +4,6 @@
 //! Page faults are slow (a few GB/s); prefetching moves the pages at copy speed, and advice
 //! ([`Advice`]) tells the driver where pages should live.
 
-use std::marker::PhantomData;
 use std::os::raw::c_int;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -12,7 +11,8 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
-use crate::contract::buffer::impl_buffer;
+use crate::contract::buffer::sealed::{Alloc, HostAlloc};
+use crate::contract::buffer::Buffer;
 use crate::contract::layout::Layout;
 use crate::contract::memory::Loc;
 use crate::contract::size::fmt_bytes;
@@ -50,8 +50,8 @@ impl Attach {
 pub enum Location {
     /// The host (`cudaCpuDeviceId`, or `cudaMemLocationTypeHost`).
     Host,
-    /// A device, by ordinal.
-    Device(i32),
+    /// A device.
+    Device(Device),
 }
 
 impl Location {
@@ -59,7 +59,7 @@ impl Location {
     pub fn as_device_id(self) -> i32 {
         match self {
             Location::Host => CPU_DEVICE_ID,
-            Location::Device(d) => d,
+            Location::Device(d) => d.ordinal(),
         }
     }
 
@@ -67,7 +67,7 @@ impl Location {
     pub fn from_device_id(id: i32) -> Option<Location> {
         match id {
             CPU_DEVICE_ID => Some(Location::Host),
-            d if d >= 0 => Some(Location::Device(d)),
+            d if d >= 0 => Some(Location::Device(Device::from_ordinal_unchecked(d))),
             _ => None,
         }
     }
@@ -79,7 +79,9 @@ impl Location {
         use sys::cudaMemLocationType as T;
         match self {
             Location::Host => sys::cudaMemLocation::new(T::cudaMemLocationTypeHost, 0),
-            Location::Device(d) => sys::cudaMemLocation::new(T::cudaMemLocationTypeDevice, d),
+            Location::Device(d) => {
+                sys::cudaMemLocation::new(T::cudaMemLocationTypeDevice, d.ordinal())
+            }
         }
     }
 }
@@ -145,25 +147,25 @@ impl Advice {
 ///
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
-/// use cuda_mem::{Attach, Location, ManagedBuffer, Stream};
+/// use cuda_mem::{Attach, Device, Location, ManagedBuffer, Stream};
 /// let stream = Stream::new()?;
 /// let mut m = ManagedBuffer::<u32>::zeroed(1 << 20, Attach::Global)?;
-/// m.prefetch(Location::Device(0), &stream)?;   // migrate pages ahead of a kernel
+/// m.prefetch(Location::Device(Device::get(0)?), &stream)?; // migrate pages ahead of a kernel
 /// m.memset_async(0xff, &stream)?;
 /// assert_eq!(m.as_slice()?[0], u32::MAX);      // waits, then pages fault back to the host
 /// # Ok(()) }
 /// ```
+pub type ManagedBuffer<T> = Buffer<T, ManagedMemory>;
+
+/// How a [`ManagedBuffer`]'s memory was obtained (`cudaMallocManaged` on a device), and its
+/// state: whether that device allows host access while kernels run, and its attachment.
 #[derive(Debug)]
-pub struct ManagedBuffer<T: Pod> {
-    ptr: NonNull<T>,
-    len: usize,
-    device: i32,
+pub struct ManagedMemory {
+    device: Device,
     /// `cudaDevAttrConcurrentManagedAccess` of `device`, read once at allocation.
     concurrent_access: bool,
     /// Which GPU work may touch the memory (enforced only without concurrent access).
     attached: Attached,
-    fence: Fence,
-    _owns: PhantomData<T>,
 }
 
 /// The attachment of a managed buffer.
@@ -174,23 +176,63 @@ enum Attached {
     Single(Arc<StreamInner>),
 }
 
-// SAFETY: exclusive ownership of the allocation, as `Vec<T>`; managed memory may be used and
-// freed from any thread; the stream handle in `attached` is Send and Sync itself.
-unsafe impl<T: Pod + Send> Send for ManagedBuffer<T> {}
-// SAFETY: shared access gives `&[T]` only after the fence wait (and only on devices with
-// concurrent managed access); the fence is mutex-protected.
-unsafe impl<T: Pod + Sync> Sync for ManagedBuffer<T> {}
+impl Alloc for ManagedMemory {
+    const LOC: Loc = Loc::Managed;
+    const KIND: &'static str = "ManagedBuffer";
 
-impl_buffer!(
-    ManagedBuffer,
-    Loc::Managed,
-    "The address, valid on host and device.",
-    attached
-);
+    /// Without concurrent managed access, GPU work may touch the memory only where its
+    /// attachment allows: any stream when global, none when attached to the host, one stream
+    /// when attached to it.
+    fn check_stream(&self, stream: &Stream, op: &'static str) -> Result<()> {
+        if self.concurrent_access {
+            return Ok(());
+        }
+        let reason = match &self.attached {
+            Attached::Global => return Ok(()),
+            Attached::Single(s) if StreamInner::same(s, stream.inner()) => return Ok(()),
+            Attached::Single(_) => {
+                "the managed buffer is attached to another stream (cudaMemAttachSingle), and \
+                 the device lacks concurrent managed access"
+            }
+            Attached::Host => {
+                "the managed buffer is attached to the host (cudaMemAttachHost), and the \
+                 device lacks concurrent managed access: attach it to the stream first"
+            }
+        };
+        Err(Misuse::InvalidArgument {
+            op,
+            reason: reason.to_string(),
+        }
+        .into())
+    }
 
-impl<T: Pod> crate::contract::memory::sealed::Host<T> for ManagedBuffer<T> {
+    fn release(&mut self, ptr: NonNull<u8>, _bytes: usize, fence: &mut Fence) -> Result<()> {
+        fence.host_wait_mut(Access::Write)?;
+        // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller
+        // has current (the guard restores it).
+        let _guard = self.device.guard().ok();
+        let p = ptr.as_ptr();
+        // SAFETY: the buffer owns the allocation and never uses it after this call (the
+        // `release` contract); pending work on it was waited for above.
+        check(unsafe { sys::cudaFree(p.cast()) }, || {
+            format!("cudaFree({p:p})")
+        })
+    }
+}
+
+impl HostAlloc for ManagedMemory {
+    /// Refuses safe host access where the device cannot make it sound.
     fn check_host(&self) -> Result<()> {
-        self.require_concurrent_access()
+        if self.concurrent_access {
+            Ok(())
+        } else {
+            Err(Misuse::Unsupported {
+                device: self.device.ordinal(),
+                feature: "cudaDevAttrConcurrentManagedAccess (safe host access to managed \
+                          memory; see ManagedBuffer::as_slice_unchecked)",
+            }
+            .into())
+        }
     }
 }
 
@@ -203,7 +245,7 @@ impl<T: Pod> ManagedBuffer<T> {
     pub fn zeroed(len: usize, attach: Attach) -> Result<Self> {
         let buf = Self::alloc(len, attach, "ManagedBuffer::zeroed")?;
         let (p, bytes) = (buf.ptr.as_ptr().cast::<u8>(), buf.byte_len());
-        if buf.concurrent_access {
+        if buf.alloc.concurrent_access {
             // SAFETY: the allocation holds `bytes` bytes and nothing else uses it yet; the
             // device allows host access while kernels run.
             unsafe { std::ptr::write_bytes(p, 0, bytes) };
@@ -212,8 +254,11 @@ impl<T: Pod> ManagedBuffer<T> {
             // runs (another thread's too): fill it on the device, recorded on the buffer.
             // SAFETY: `p` covers our fresh allocation of `bytes` bytes.
             let code = unsafe { sys::cudaMemset(p.cast(), 0, bytes) };
-            buf.fence
-                .mark(&Stream::legacy_on(buf.device), (0, bytes), Access::Write);
+            buf.fence.mark(
+                &Stream::legacy_on(buf.alloc.device.ordinal()),
+                (0, bytes),
+                Access::Write,
+            );
             check(code, || {
                 format!("cudaMemset({p:p}, 0, {})", fmt_bytes(bytes))
             })?;
@@ -255,35 +300,31 @@ impl<T: Pod> ManagedBuffer<T> {
         let dev = Device::current()?;
         let concurrent_access =
             dev.attribute(sys::cudaDeviceAttr::cudaDevAttrConcurrentManagedAccess)? != 0;
-        Ok(Self::adopt(
-            p,
-            len,
-            dev.ordinal(),
-            concurrent_access,
-            attach,
-        ))
+        Ok(Self::adopt(p, len, dev, concurrent_access, attach))
     }
 
     fn adopt(
         ptr: NonNull<T>,
         len: usize,
-        device: i32,
+        device: Device,
         concurrent_access: bool,
         attach: Attach,
     ) -> Self {
-        ManagedBuffer {
+        let attached = if attach == Attach::Host {
+            Attached::Host
+        } else {
+            Attached::Global
+        };
+        Buffer::from_parts(
             ptr,
             len,
-            device,
-            concurrent_access,
-            attached: if attach == Attach::Host {
-                Attached::Host
-            } else {
-                Attached::Global
+            Fence::default(),
+            ManagedMemory {
+                device,
+                concurrent_access,
+                attached,
             },
-            fence: Fence::default(),
-            _owns: PhantomData,
-        }
+        )
     }
 
     fn alloc(len: usize, attach: Attach, op: &'static str) -> Result<Self> {
@@ -319,45 +360,8 @@ impl<T: Pod> ManagedBuffer<T> {
             format!("cudaMallocManaged({}, {attach:?})", fmt_bytes(bytes))
         })?;
         let ptr = layout.place(raw, "cudaMallocManaged", crate::kinds::device::free_refused)?;
-        let buf = Self::adopt(ptr, len, dev.ordinal(), concurrent_access, attach);
+        let buf = Self::adopt(ptr, len, dev, concurrent_access, attach);
         Ok(buf)
-    }
-
-    /// Refuses safe host access where the device cannot make it sound.
-    fn require_concurrent_access(&self) -> Result<()> {
-        if self.concurrent_access {
-            Ok(())
-        } else {
-            Err(Misuse::Unsupported {
-                device: self.device,
-                feature: "cudaDevAttrConcurrentManagedAccess (safe host access to managed \
-                          memory; see ManagedBuffer::as_slice_unchecked)",
-            }
-            .into())
-        }
-    }
-
-    /// The contents, after waiting for recorded GPU work that writes them.
-    ///
-    /// Refused ([`Misuse::Unsupported`]) on devices without concurrent managed access: see
-    /// the type's docs.
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.require_concurrent_access()?;
-        self.fence.host_wait(Access::Read)?;
-        // SAFETY: `len` initialised elements (zeroed at allocation, `T: Pod`); GPU work that may
-        // write them was waited for, and safe code can queue new writes only through
-        // `&mut self`. The device allows host access while kernels run (checked above).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
-    }
-
-    /// The contents, writable, after waiting for all recorded GPU work.
-    ///
-    /// Refused ([`Misuse::Unsupported`]) on devices without concurrent managed access.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.require_concurrent_access()?;
-        self.fence.host_wait_mut(Access::Write)?;
-        // SAFETY: as `as_slice`, and `&mut self` makes the borrow unique.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
     }
 
     /// The contents, after waiting for recorded GPU work and, on devices without concurrent
@@ -369,8 +373,8 @@ impl<T: Pod> ManagedBuffer<T> {
     /// this is [`as_slice`](Self::as_slice).
     pub unsafe fn as_slice_unchecked(&self) -> Result<&[T]> {
         self.fence.host_wait(Access::Read)?;
-        if !self.concurrent_access {
-            Device::get(self.device)?.synchronize()?;
+        if !self.alloc.concurrent_access {
+            self.alloc.device.synchronize()?;
         }
         // SAFETY: as `as_slice`; the caller keeps the device idle while the slice lives.
         Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
@@ -382,8 +386,8 @@ impl<T: Pod> ManagedBuffer<T> {
     /// As for [`as_slice_unchecked`](Self::as_slice_unchecked).
     pub unsafe fn as_mut_slice_unchecked(&mut self) -> Result<&mut [T]> {
         self.fence.host_wait_mut(Access::Write)?;
-        if !self.concurrent_access {
-            Device::get(self.device)?.synchronize()?;
+        if !self.alloc.concurrent_access {
+            self.alloc.device.synchronize()?;
         }
         // SAFETY: as `as_mut_slice`; the caller keeps the device idle while the slice lives.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
@@ -391,41 +395,7 @@ impl<T: Pod> ManagedBuffer<T> {
 
     /// Whether the device allows host access while kernels run (read at allocation).
     pub fn has_concurrent_access(&self) -> bool {
-        self.concurrent_access
-    }
-
-    fn device_ordinal_impl(&self) -> Option<i32> {
-        None
-    }
-
-    fn device_addr_impl(&self) -> Result<*const T> {
-        Ok(self.ptr.as_ptr())
-    }
-
-    /// Without concurrent managed access, GPU work may touch the memory only where its
-    /// attachment allows: any stream when global, none when attached to the host, one stream
-    /// when attached to it.
-    fn check_stream_impl(&self, stream: &Stream, op: &'static str) -> Result<()> {
-        if self.concurrent_access {
-            return Ok(());
-        }
-        let reason = match &self.attached {
-            Attached::Global => return Ok(()),
-            Attached::Single(s) if StreamInner::same(s, stream.inner()) => return Ok(()),
-            Attached::Single(_) => {
-                "the managed buffer is attached to another stream (cudaMemAttachSingle), and \
-                 the device lacks concurrent managed access"
-            }
-            Attached::Host => {
-                "the managed buffer is attached to the host (cudaMemAttachHost), and the \
-                 device lacks concurrent managed access: attach it to the stream first"
-            }
-        };
-        Err(Misuse::InvalidArgument {
-            op,
-            reason: reason.to_string(),
-        }
-        .into())
+        self.alloc.concurrent_access
     }
 
     fn queued(
@@ -435,7 +405,7 @@ impl<T: Pod> ManagedBuffer<T> {
         op: &'static str,
         f: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        self.check_stream_impl(stream, op)?;
+        self.alloc.check_stream(stream, op)?;
         // The stream's device current for the call, whatever the caller has current.
         let _g = stream.device().guard()?;
         let _use = self.fence.begin(stream, (0, self.byte_len()), access)?;
@@ -494,7 +464,7 @@ impl<T: Pod> ManagedBuffer<T> {
                 format!("cudaStreamAttachMemAsync({p:p}, {flags:?})")
             })?;
         }
-        self.attached = match flags {
+        self.alloc.attached = match flags {
             Attach::Global => Attached::Global,
             Attach::Host => Attached::Host,
             Attach::Single => Attached::Single(stream.inner().clone()),
@@ -562,24 +532,8 @@ impl<T: Pod> ManagedBuffer<T> {
     }
 
     /// The device that was current at allocation.
-    pub fn device(&self) -> i32 {
-        self.device
-    }
-
-    fn before_into_raw(&mut self) -> Result<()> {
-        Ok(())
-    }
-
-    fn release(&mut self) -> Result<()> {
-        self.fence.host_wait_mut(Access::Write)?;
-        // Free with the allocating device current, as `DeviceBuffer` does, whatever the caller
-        // has current (the guard restores it).
-        let _guard = Device::from_ordinal_unchecked(self.device).guard().ok();
-        let p = self.ptr.as_ptr();
-        // SAFETY: we own the allocation and never use it after this call.
-        check(unsafe { sys::cudaFree(p.cast()) }, || {
-            format!("cudaFree({p:p})")
-        })
+    pub fn device(&self) -> Device {
+        self.alloc.device
     }
 }
 
@@ -590,9 +544,15 @@ mod tests {
     #[test]
     fn locations_round_trip_through_device_ids() {
         assert_eq!(Location::Host.as_device_id(), CPU_DEVICE_ID);
-        assert_eq!(Location::Device(3).as_device_id(), 3);
+        assert_eq!(
+            Location::Device(Device::from_ordinal_unchecked(3)).as_device_id(),
+            3
+        );
         assert_eq!(Location::from_device_id(-1), Some(Location::Host));
-        assert_eq!(Location::from_device_id(0), Some(Location::Device(0)));
+        assert_eq!(
+            Location::from_device_id(0),
+            Some(Location::Device(Device::from_ordinal_unchecked(0)))
+        );
         assert_eq!(Location::from_device_id(-2), None);
     }
 }

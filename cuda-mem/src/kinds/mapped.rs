@@ -10,47 +10,66 @@
 //! must be the same on both sides under unified virtual addressing. Unlike the C++ original,
 //! every error path frees the allocation: the buffer is owned from the moment it exists.
 
-use std::fmt;
 use std::ptr::NonNull;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
 
+use crate::contract::buffer::sealed::{Alloc, HostAlloc};
+use crate::contract::buffer::Buffer;
 use crate::contract::layout::Layout;
-use crate::contract::memory::{sealed, Loc};
+use crate::contract::memory::Loc;
 use crate::contract::size;
 use crate::error::{Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::handles::devices::Device;
 use crate::handles::flags::HostAllocFlags;
-use crate::kinds::pinned::{host_device_pointer, PinnedBuffer};
+use crate::kinds::pinned::{host_device_pointer, PinnedBuffer, PinnedMemory};
 
 /// Pinned host memory mapped into the device address space, freed on drop.
 ///
-/// The CPU side is [`host_ptr`](Self::host_ptr) / [`as_slice`](Self::as_slice), the GPU side
-/// [`device_address`](Self::device_address); kernels take it through
+/// The CPU side is [`as_ptr`](Buffer::as_ptr) / [`as_slice`](Buffer::as_slice), the GPU side
+/// [`device_address`](Buffer::device_address); kernels take it through
 /// [`device_ptr`](crate::DevicePtr::device_ptr) / [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut),
 /// which order and record their work. Under unified virtual addressing (every 64-bit platform
 /// CUDA 12 and 13 support) the two addresses are equal.
-pub struct MappedBuffer<T: Pod> {
-    host: PinnedBuffer<T>,
-    device_ptr: NonNull<T>,
+pub type MappedBuffer<T> = Buffer<T, MappedMemory>;
+
+/// How a [`MappedBuffer`]'s memory was obtained (`cudaHostAlloc` with MAPPED, as a
+/// [`PinnedMemory`]), and its device address, looked up once at allocation.
+#[derive(Debug)]
+pub struct MappedMemory {
+    pinned: PinnedMemory,
+    /// `cudaHostGetDevicePointer` of the memory (an address, never dereferenced here).
+    device_addr: usize,
 }
 
-impl<T: Pod> fmt::Debug for MappedBuffer<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MappedBuffer")
-            .field("host", &self.host)
-            .field("device_ptr", &self.device_ptr)
-            .finish()
+impl MappedMemory {
+    /// The flags the memory was allocated with (MAPPED among them).
+    pub fn flags(&self) -> HostAllocFlags {
+        self.pinned.flags()
     }
 }
 
-// SAFETY: the device pointer is an address of the same allocation that `PinnedBuffer` owns;
-// the same reasoning as for `PinnedBuffer` applies (exclusive ownership, thread-safe runtime).
-unsafe impl<T: Pod + Send> Send for MappedBuffer<T> {}
-// SAFETY: shared access gives only `&[T]` after a fence wait, as for `PinnedBuffer`.
-unsafe impl<T: Pod + Sync> Sync for MappedBuffer<T> {}
+impl Alloc for MappedMemory {
+    const LOC: Loc = Loc::Pinned;
+    const KIND: &'static str = "MappedBuffer";
+
+    fn device_addr(&self, _ptr: NonNull<u8>) -> Result<*const u8> {
+        Ok(self.device_addr as *const u8)
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        self.pinned.detach()
+    }
+
+    fn release(&mut self, ptr: NonNull<u8>, bytes: usize, fence: &mut Fence) -> Result<()> {
+        self.pinned.release(ptr, bytes, fence)
+    }
+}
+
+// Mapped memory is pinned host memory, initialised by every safe constructor.
+impl HostAlloc for MappedMemory {}
 
 /// Checks that the current device can map host memory and has unified addressing.
 fn check_device() -> Result<()> {
@@ -135,7 +154,23 @@ impl<T: Pod> MappedBuffer<T> {
             }
             .into());
         }
-        Ok(MappedBuffer { host, device_ptr })
+        Ok(Self::over(host, device_ptr))
+    }
+
+    /// The pinned buffer `host`, mapped at `device_ptr`, as a mapped buffer (the same memory,
+    /// fence and allocation).
+    fn over(host: PinnedBuffer<T>, device_ptr: NonNull<T>) -> Self {
+        let (ptr, len, fence, pinned) = host.into_parts();
+        let device_addr = device_ptr.as_ptr() as usize;
+        Buffer::from_parts(
+            ptr,
+            len,
+            fence,
+            MappedMemory {
+                pinned,
+                device_addr,
+            },
+        )
     }
 
     /// Takes ownership of mapped memory allocated elsewhere (C or C++ code) with
@@ -183,21 +218,7 @@ impl<T: Pod> MappedBuffer<T> {
         // with `flags`, `len` initialised elements, owned by nothing else, no pending work);
         // its checks passed above, so it adopts the memory and cannot fail.
         let host = unsafe { PinnedBuffer::from_raw(p.as_ptr(), len, flags)? };
-        Ok(MappedBuffer { host, device_ptr })
-    }
-
-    /// Gives up ownership of the memory: the host address and length, for another library or
-    /// C++ code to free with `cudaFreeHost` (its device address is
-    /// `cudaHostGetDevicePointer` of it; [`from_raw`](Self::from_raw) takes it back). Pending
-    /// work recorded on the buffer is waited for first; if that wait fails, the memory is
-    /// leaked (as by [`free`](Self::free)) and the error returned.
-    pub fn into_raw(self) -> Result<(*mut T, usize)> {
-        self.host.into_raw()
-    }
-
-    /// The CPU address.
-    pub fn host_ptr(&self) -> *const T {
-        self.host.as_ptr()
+        Ok(Self::over(host, device_ptr))
     }
 
     /// The GPU address (`cudaHostGetDevicePointer`, looked up once at allocation). A raw
@@ -205,48 +226,18 @@ impl<T: Pod> MappedBuffer<T> {
     /// [`device_ptr_mut`](crate::DevicePtrMut::device_ptr_mut), which order and record
     /// their work.
     pub fn device_address(&self) -> *const T {
-        self.device_ptr.as_ptr()
+        self.alloc.device_addr as *const T
     }
 
-    /// The contents, after waiting for GPU work recorded on the buffer that writes it.
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.host.as_slice()
+    /// The flags the buffer was allocated with (MAPPED among them).
+    pub fn flags(&self) -> HostAllocFlags {
+        self.alloc.flags()
     }
 
-    /// The contents, writable, after waiting for recorded GPU work.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.host.as_mut_slice()
-    }
-
-    /// The underlying pinned buffer (flags, `cudaHostGetFlags`).
-    pub fn pinned(&self) -> &PinnedBuffer<T> {
-        &self.host
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.host.len()
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.host.is_empty()
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.host.byte_len()
-    }
-
-    /// Waits for all pending work recorded on this buffer.
-    pub fn synchronize(&self) -> Result<()> {
-        self.host.synchronize()
-    }
-
-    /// Frees now and reports failure; on failure the memory is leaked (see
-    /// [`PinnedBuffer::free`]).
-    pub fn free(self) -> Result<()> {
-        self.host.free()
+    /// The flags as the runtime reports them (`cudaHostGetFlags`); see
+    /// [`PinnedBuffer::runtime_flags`](Buffer::runtime_flags).
+    pub fn runtime_flags(&self) -> Result<u32> {
+        crate::kinds::pinned::runtime_flags(self.ptr.as_ptr())
     }
 }
 
@@ -314,8 +305,8 @@ impl<T: AtomicElement> MappedBuffer<T> {
     pub fn atomic(&mut self, i: usize) -> Result<&T::Atomic> {
         size::range(i, 1, self.len())?;
         // Pending writes first: a copy queued before this store must not land after it.
-        self.host.host_wait_mut(Access::Read)?;
-        let p = self.host.as_ptr().wrapping_add(i).cast::<T::Atomic>();
+        self.fence.host_wait_mut(Access::Read)?;
+        let p = self.ptr.as_ptr().wrapping_add(i).cast::<T::Atomic>();
         // SAFETY: `p` is element `i` of the live pinned allocation (in bounds, checked above),
         // aligned for `T`, whose atomic has the same size and alignment (the sealed impls above
         // pair each integer with its std atomic). Every GPU write queued on the buffer has
@@ -330,8 +321,8 @@ impl<T: AtomicElement> MappedBuffer<T> {
 }
 
 /// Shape 1 of C++ `cudaAllocMapped(void** cpuPtr, void** gpuPtr, size_t size)`: zeroed mapped
-/// memory whose CPU and GPU pointers are [`MappedBuffer::host_ptr`] and
-/// [`MappedBuffer::device_address`] (kernels take the latter through
+/// memory whose CPU and GPU pointers are [`MappedBuffer::as_ptr`](Buffer::as_ptr) and
+/// [`MappedBuffer::device_address`](Buffer::device_address) (kernels take the latter through
 /// [`DevicePtr::device_ptr`](crate::DevicePtr::device_ptr), which orders and records them).
 ///
 /// Checks first that the device can map host memory and has unified addressing. Zero length is
@@ -340,7 +331,7 @@ impl<T: AtomicElement> MappedBuffer<T> {
 /// ```no_run
 /// # fn main() -> cuda_mem::Result<()> {
 /// let buf = cuda_mem::alloc_mapped::<f32>(1024)?;
-/// let (cpu, gpu) = (buf.host_ptr(), buf.device_address());
+/// let (cpu, gpu) = (buf.as_ptr(), buf.device_address());
 /// # let _ = (cpu, gpu); Ok(()) }
 /// ```
 pub fn alloc_mapped<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
@@ -365,36 +356,3 @@ pub fn alloc_mapped_uva<T: Pod>(len: usize) -> Result<MappedBuffer<T>> {
         "alloc_mapped_uva",
     )
 }
-
-impl<T: Pod> sealed::Raw<T> for MappedBuffer<T> {
-    fn raw_ptr(&self) -> *const T {
-        self.host.as_ptr()
-    }
-    fn raw_len(&self) -> usize {
-        self.host.len()
-    }
-    fn loc(&self) -> Loc {
-        Loc::Pinned
-    }
-    fn fence(&self) -> Option<&Fence> {
-        sealed::Raw::fence(&self.host)
-    }
-}
-
-impl<T: Pod> sealed::RawMut<T> for MappedBuffer<T> {
-    fn raw_mut_ptr(&mut self) -> *mut T {
-        self.host.as_mut_ptr()
-    }
-}
-
-impl<T: Pod> sealed::Async<T> for MappedBuffer<T> {
-    fn device_addr(&self) -> Result<*const T> {
-        Ok(self.device_ptr.as_ptr())
-    }
-    fn async_fence(&self) -> &Fence {
-        sealed::Async::async_fence(&self.host)
-    }
-}
-
-// `raw_ptr` is the host address of the pinned allocation.
-impl<T: Pod> sealed::Host<T> for MappedBuffer<T> {}

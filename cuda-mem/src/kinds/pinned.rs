@@ -8,8 +8,8 @@
 //! pinned buffers once and reuse them.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
 use bytemuck::Pod;
 use cuda_mem_sys as sys;
@@ -17,7 +17,8 @@ use cuda_mem_sys as sys;
 use crate::alloc::pinned_pool::{BlockOwner, PinnedPool, PoolRef};
 use crate::alloc::pinning::{self, Block, PinStrategy};
 use crate::alloc::pool::{self, MemPool, PoolLocation, Pooled};
-use crate::contract::buffer::impl_buffer;
+use crate::contract::buffer::sealed::{Alloc, HostAlloc};
+use crate::contract::buffer::Buffer;
 use crate::contract::layout::Layout;
 use crate::contract::memory::Loc;
 use crate::contract::size::fmt_bytes;
@@ -51,39 +52,123 @@ use crate::handles::stream::Stream;
 /// assert_eq!(dev.to_vec()?[0], 7);
 /// # Ok(()) }
 /// ```
-pub struct PinnedBuffer<T: Pod> {
-    ptr: NonNull<T>,
-    len: usize,
+pub type PinnedBuffer<T> = Buffer<T, PinnedMemory>;
+
+/// How a [`PinnedBuffer`]'s memory was obtained: `cudaHostAlloc` (or `cudaMallocHost`) with
+/// its flags, a host [`MemPool`], a [`PinnedPool`] block or a [`PinStrategy`] block. Also
+/// holds the device address, looked up once (`cudaHostGetDevicePointer`) at the first guard
+/// or asynchronous copy, as C++ code looks it up once per buffer.
+pub struct PinnedMemory {
     flags: HostAllocFlags,
-    fence: Fence,
-    /// The pool of a stream-ordered allocation (its stream is the fence's origin); `None` for
-    /// `cudaHostAlloc`.
-    pooled: Option<Pooled>,
-    /// The block of memory from a [`PinnedPool`] or made by a [`PinStrategy`]; `None` for
-    /// `cudaHostAlloc` and stream-ordered allocations. Taken by `release`.
-    block: Option<BlockOwner>,
-    _owns: PhantomData<T>,
+    source: Source,
+    device_addr: OnceLock<usize>,
 }
 
-// SAFETY: the buffer owns its allocation exclusively, like `Vec<T>`; pinned memory may be
-// accessed and freed from any thread. Sending it sends `T` values, hence `T: Send`.
-unsafe impl<T: Pod + Send> Send for PinnedBuffer<T> {}
-// SAFETY: `&PinnedBuffer` gives `&[T]` (after waiting on the fence, whose state is behind a
-// mutex and whose pooled allocation stream is a never-changed shared handle) and
-// read-only copies, so sharing it shares `&T`, sound when `T: Sync`. Of the owner fields,
-// `&self` only reads `pooled` (handles) and `block` (address and size, for `Debug`).
-unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
+/// Where pinned memory came from, which says how it goes back.
+enum Source {
+    /// `cudaHostAlloc` / `cudaMallocHost`: `cudaFreeHost`.
+    HostAlloc,
+    /// A stream-ordered allocation from a host pool (its stream is the fence's origin):
+    /// `cudaFreeAsync`.
+    Pooled(Pooled),
+    /// A block of a [`PinnedPool`] or of a [`PinStrategy`]; taken by `release`.
+    Block(Option<OwnedBlock>),
+}
 
-impl_buffer!(
-    PinnedBuffer,
-    Loc::Pinned,
-    "The host address.",
-    pooled,
-    block
-);
+/// A block owned by one buffer.
+#[derive(Debug)]
+struct OwnedBlock(BlockOwner);
 
-// The host address is the buffer's own (page-locked) memory.
-impl<T: Pod> crate::contract::memory::sealed::Host<T> for PinnedBuffer<T> {}
+// SAFETY: the block is the address and size of pinned host memory (and a reference to its
+// pool's shared, mutex-guarded state) that this buffer owns exclusively; pinned memory may be
+// used and freed from any thread, and the pool's state is made for that.
+unsafe impl Send for OwnedBlock {}
+// SAFETY: `&OwnedBlock` only reads the block's address, size and class (for `Debug`); nothing
+// is mutated through a shared reference.
+unsafe impl Sync for OwnedBlock {}
+
+impl fmt::Debug for PinnedMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("PinnedMemory");
+        d.field("flags", &self.flags);
+        match &self.source {
+            Source::HostAlloc => d.field("source", &"cudaHostAlloc"),
+            Source::Pooled(p) => d.field("pooled", p),
+            Source::Block(b) => d.field("block", b),
+        };
+        d.finish()
+    }
+}
+
+impl PinnedMemory {
+    fn new(flags: HostAllocFlags, source: Source) -> Self {
+        PinnedMemory {
+            flags,
+            source,
+            device_addr: OnceLock::new(),
+        }
+    }
+
+    /// The flags the memory was allocated with.
+    pub fn flags(&self) -> HostAllocFlags {
+        self.flags
+    }
+
+    /// The pool of a stream-ordered allocation.
+    pub fn pool(&self) -> Option<&MemPool> {
+        match &self.source {
+            Source::Pooled(p) => Some(p.pool()),
+            _ => None,
+        }
+    }
+}
+
+impl Alloc for PinnedMemory {
+    const LOC: Loc = Loc::Pinned;
+    const KIND: &'static str = "PinnedBuffer";
+
+    fn device_addr(&self, ptr: NonNull<u8>) -> Result<*const u8> {
+        if let Source::Pooled(_) = self.source {
+            // Pool memory is mapped at one virtual address for the host and for every device
+            // given access; cudaHostGetDevicePointer knows only cudaHostAlloc'd memory.
+            return Ok(ptr.as_ptr());
+        }
+        if let Some(&addr) = self.device_addr.get() {
+            return Ok(addr as *const u8);
+        }
+        let addr = host_device_pointer(ptr.as_ptr().cast_const())?;
+        Ok(*self.device_addr.get_or_init(|| addr as usize) as *const u8)
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        match &mut self.source {
+            Source::Block(Some(owner)) => owner.0.detach(),
+            _ => Ok(()),
+        }
+    }
+
+    fn release(&mut self, ptr: NonNull<u8>, bytes: usize, fence: &mut Fence) -> Result<()> {
+        match &mut self.source {
+            Source::Block(owner) => match owner.take() {
+                Some(owner) => owner.0.release(self.flags, fence),
+                None => Ok(()),
+            },
+            Source::Pooled(pooled) => pooled.free(ptr.as_ptr().cast(), bytes, fence),
+            Source::HostAlloc => {
+                fence.host_wait_mut(Access::Write)?;
+                let p = ptr.as_ptr();
+                // SAFETY: the buffer owns the allocation and never uses it after this call
+                // (the `release` contract); pending work on it was waited for above.
+                check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
+                    format!("cudaFreeHost({p:p})")
+                })
+            }
+        }
+    }
+}
+
+// Pinned memory is host memory, initialised by every safe constructor.
+impl HostAlloc for PinnedMemory {}
 
 /// `cudaFreeHost` of an allocation refused by [`Layout::place`].
 fn free_host<U>(p: NonNull<U>) -> Result<()> {
@@ -95,6 +180,16 @@ fn free_host<U>(p: NonNull<U>) -> Result<()> {
     })
 }
 
+/// `cudaHostGetFlags` of the pinned allocation at `p`.
+pub(crate) fn runtime_flags<T>(p: *const T) -> Result<u32> {
+    let mut flags = 0u32;
+    // SAFETY: valid out-pointer; the runtime checks that `p` is page-locked memory and
+    // answers an error otherwise.
+    let code = unsafe { sys::cudaHostGetFlags(&mut flags, p.cast_mut().cast()) };
+    check(code, || format!("cudaHostGetFlags({p:p})"))?;
+    Ok(flags)
+}
+
 /// The device address of page-locked host memory (`cudaHostGetDevicePointer`): for memory
 /// allocated or registered MAPPED, or any pinned memory under unified addressing.
 pub(crate) fn host_device_pointer<T>(p: *const T) -> Result<*const T> {
@@ -104,18 +199,6 @@ pub(crate) fn host_device_pointer<T>(p: *const T) -> Result<*const T> {
     let code = unsafe { sys::cudaHostGetDevicePointer(&mut dev, p.cast_mut().cast(), 0) };
     check(code, || format!("cudaHostGetDevicePointer({p:p})"))?;
     Ok(dev.cast_const().cast())
-}
-
-impl<T: Pod> fmt::Debug for PinnedBuffer<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("flags", &self.flags)
-            .field("pooled", &self.pooled)
-            .field("block", &self.block)
-            .finish()
-    }
 }
 
 impl<T: Pod> PinnedBuffer<T> {
@@ -195,15 +278,12 @@ impl<T: Pod> PinnedBuffer<T> {
 
     /// Owns `ptr`, memory of `len` elements to free with `cudaFreeHost`.
     fn adopt(ptr: NonNull<T>, len: usize, flags: HostAllocFlags) -> Self {
-        PinnedBuffer {
+        Buffer::from_parts(
             ptr,
             len,
-            flags,
-            fence: Fence::default(),
-            pooled: None,
-            block: None,
-            _owns: PhantomData,
-        }
+            Fence::default(),
+            PinnedMemory::new(flags, Source::HostAlloc),
+        )
     }
 
     /// Allocates `len` elements of pinned host memory from the host pool `pool`
@@ -258,15 +338,12 @@ impl<T: Pod> PinnedBuffer<T> {
             .into());
         }
         let (ptr, pooled, fence) = pool::alloc_for(pool, &layout, stream, op)?;
-        Ok(PinnedBuffer {
+        Ok(Buffer::from_parts(
             ptr,
             len,
-            flags: HostAllocFlags::DEFAULT,
             fence,
-            pooled: Some(pooled),
-            block: None,
-            _owns: PhantomData,
-        })
+            PinnedMemory::new(HostAllocFlags::DEFAULT, Source::Pooled(pooled)),
+        ))
     }
 
     /// Allocates `len` zeroed elements of pinned memory made by `strategy` (see
@@ -302,20 +379,17 @@ impl<T: Pod> PinnedBuffer<T> {
         let (ptr, owner) = layout.place_owned(raw, "pinned block", owner, |_, owner| {
             owner.release(flags, &mut Fence::default())
         })?;
-        Ok(PinnedBuffer {
+        Ok(Buffer::from_parts(
             ptr,
-            len: layout.len(),
-            flags,
-            fence: Fence::default(),
-            pooled: None,
-            block: Some(owner),
-            _owns: PhantomData,
-        })
+            layout.len(),
+            Fence::default(),
+            PinnedMemory::new(flags, Source::Block(Some(OwnedBlock(owner)))),
+        ))
     }
 
     /// The pool the buffer came from, for a stream-ordered allocation.
     pub fn pool(&self) -> Option<&MemPool> {
-        self.pooled.as_ref().map(Pooled::pool)
+        self.alloc.pool()
     }
 
     /// The stream a pooled buffer was allocated on, where its free will be queued.
@@ -330,7 +404,7 @@ impl<T: Pod> PinnedBuffer<T> {
 
     /// The flags the buffer was allocated with.
     pub fn flags(&self) -> HostAllocFlags {
-        self.flags
+        self.alloc.flags
     }
 
     /// The flags as the runtime reports them (`cudaHostGetFlags`). They are not always the
@@ -338,85 +412,12 @@ impl<T: Pod> PinnedBuffer<T> {
     /// is reported for all of them, and drivers may leave PORTABLE out (all pinned memory is
     /// portable under UVA). WRITE_COMBINED is reported as asked.
     pub fn runtime_flags(&self) -> Result<u32> {
-        let mut flags = 0u32;
-        let p = self.ptr.as_ptr();
-        // SAFETY: valid out-pointer; `p` is a live pinned allocation.
-        let code = unsafe { sys::cudaHostGetFlags(&mut flags, p.cast()) };
-        check(code, || format!("cudaHostGetFlags({p:p})"))?;
-        Ok(flags)
+        runtime_flags(self.ptr.as_ptr())
     }
 
     /// Whether the memory is write-combined: reading it from the CPU is very slow.
     pub fn is_write_combined(&self) -> bool {
-        self.flags.contains(HostAllocFlags::WRITE_COMBINED)
-    }
-
-    /// The contents, after waiting for queued GPU work that writes the buffer (work that only
-    /// reads it may go on: neither side changes the memory).
-    ///
-    /// On write-combined memory this read is uncached and very slow; see
-    /// [`HostAllocFlags::WRITE_COMBINED`].
-    pub fn as_slice(&self) -> Result<&[T]> {
-        self.fence.host_wait(Access::Read)?;
-        // SAFETY: the allocation holds `len` initialised elements (zeroed or written by the
-        // constructor or by the GPU, and `T: Pod`); GPU work that may write it was waited for
-        // above, and safe code can queue new writes only through `&mut self` (a copy's
-        // destination, `device_ptr_mut`), impossible while this shared borrow lives. The
-        // borrow keeps the memory alive.
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) })
-    }
-
-    /// [`Fence::host_wait_mut`] on the buffer's fence, for the mapped kind's host atomics.
-    pub(crate) fn host_wait_mut(&mut self, access: Access) -> Result<()> {
-        self.fence.host_wait_mut(access)
-    }
-
-    /// The contents, writable, after waiting for all queued GPU work on the buffer.
-    pub fn as_mut_slice(&mut self) -> Result<&mut [T]> {
-        self.fence.host_wait_mut(Access::Write)?;
-        // SAFETY: as for `as_slice`; `&mut self` makes the borrow unique, and no GPU work that
-        // uses the buffer can be queued through safe code while it lives.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) })
-    }
-
-    fn device_ordinal_impl(&self) -> Option<i32> {
-        None
-    }
-
-    fn device_addr_impl(&self) -> Result<*const T> {
-        if self.pooled.is_some() {
-            // Pool memory is mapped at one virtual address for the host and for every device
-            // given access; cudaHostGetDevicePointer knows only cudaHostAlloc'd memory.
-            return Ok(self.ptr.as_ptr());
-        }
-        host_device_pointer(self.ptr.as_ptr())
-    }
-
-    fn check_stream_impl(&self, _stream: &Stream, _op: &'static str) -> Result<()> {
-        Ok(())
-    }
-
-    fn before_into_raw(&mut self) -> Result<()> {
-        match &mut self.block {
-            Some(owner) => owner.detach(),
-            None => Ok(()),
-        }
-    }
-
-    fn release(&mut self) -> Result<()> {
-        if let Some(owner) = self.block.take() {
-            return owner.release(self.flags, &mut self.fence);
-        }
-        if let Some(pooled) = &self.pooled {
-            let bytes = self.byte_len();
-            return pooled.free(self.ptr.as_ptr().cast(), bytes, &mut self.fence);
-        }
-        self.fence.host_wait_mut(Access::Write)?;
-        let p = self.ptr.as_ptr();
-        // SAFETY: we own the allocation and never use it after this call.
-        check(unsafe { sys::cudaFreeHost(p.cast()) }, || {
-            format!("cudaFreeHost({p:p})")
-        })
+        self.alloc.flags.contains(HostAllocFlags::WRITE_COMBINED)
     }
 }
 

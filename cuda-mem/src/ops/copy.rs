@@ -203,9 +203,11 @@ where
     dst.check_device_writable("copy_async")?;
     src.check_stream(stream, "copy_async")?;
     dst.check_stream(stream, "copy_async")?;
-    // Marked when these drop, after the copy is queued below.
-    let _src_use = src.async_fence().begin(stream, sr, Access::Read)?;
-    let _dst_use = dst.async_fence().begin(stream, dr, Access::Write)?;
+    // Marked when these drop, after the copy is queued below. (The stream is checked once
+    // for both.)
+    Fence::check_queue(stream)?;
+    let _src_use = src.async_fence().begin_checked(stream, sr, Access::Read)?;
+    let _dst_use = dst.async_fence().begin_checked(stream, dr, Access::Write)?;
     // SAFETY: the ranges lie inside live allocations (`Plan::new`). The copy outlives this
     // call, which is sound because both sides are `AsyncMemory`: the uses above mark it on
     // their fences, and the owners wait for it before host access or free (for memory

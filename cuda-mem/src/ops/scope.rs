@@ -36,6 +36,7 @@
 //! ```
 
 use std::marker::PhantomData;
+use std::sync::OnceLock;
 
 use bytemuck::Pod;
 
@@ -96,6 +97,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             ptr: data.as_ptr(),
             len: data.len(),
             fence: &self.fence,
+            device_addr: OnceLock::new(),
             _data: PhantomData,
         }
     }
@@ -106,6 +108,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             ptr: data.as_mut_ptr(),
             len: data.len(),
             fence: &self.fence,
+            device_addr: OnceLock::new(),
             _data: PhantomData,
         }
     }
@@ -116,6 +119,8 @@ pub struct Borrowed<'scope, T> {
     ptr: *const T,
     len: usize,
     fence: &'scope Fence,
+    /// The device address, looked up once (`cudaHostGetDevicePointer`).
+    device_addr: OnceLock<usize>,
     _data: PhantomData<&'scope [T]>,
 }
 
@@ -124,6 +129,8 @@ pub struct BorrowedMut<'scope, T> {
     ptr: *mut T,
     len: usize,
     fence: &'scope Fence,
+    /// The device address, looked up once (`cudaHostGetDevicePointer`).
+    device_addr: OnceLock<usize>,
     _data: PhantomData<&'scope mut [T]>,
 }
 
@@ -162,7 +169,11 @@ macro_rules! borrowed_raw {
 
         impl<T: Pod> sealed::Async<T> for $ty<'_, T> {
             fn device_addr(&self) -> Result<*const T> {
-                host_device_pointer(self.ptr)
+                if let Some(&addr) = self.device_addr.get() {
+                    return Ok(addr as *const T);
+                }
+                let addr = host_device_pointer(self.ptr as *const T)? as usize;
+                Ok(*self.device_addr.get_or_init(|| addr) as *const T)
             }
             fn async_fence(&self) -> &Fence {
                 self.fence

@@ -24,7 +24,7 @@ use cuda_mem_sys as sys;
 use crate::contract::memory::sealed::Async;
 use crate::contract::size::{self, fmt_bytes};
 use crate::error::{check, Misuse, Result};
-use crate::fence::Access;
+use crate::fence::{Access, Fence};
 use crate::handles::devices::Device;
 use crate::handles::event::Event;
 use crate::handles::flags::HostAllocFlags;
@@ -151,7 +151,7 @@ pub fn copy_peer_range<T: Pod>(
     count: usize,
 ) -> Result<()> {
     // The source device's legacy stream: `copy_peer_range_async` makes that device current.
-    let legacy = Stream::legacy_on(src.device());
+    let legacy = Stream::legacy_on(src.device().ordinal());
     copy_peer_range_async(dst, dst_offset, src, src_offset, count, &legacy)
 }
 
@@ -193,13 +193,14 @@ pub fn copy_peer_range_async<T: Pod>(
     if bytes == 0 {
         return Ok(());
     }
-    let (dd, sd) = (dst.device(), src.device());
+    let (dd, sd) = (dst.device().ordinal(), src.device().ordinal());
     // The null handle means the legacy stream of the current device: make the stream's own
     // device current (owned streams carry their context and need nothing).
     let _g = stream.inner().enter()?;
     // Marked when these drop, after the copy is queued below.
-    let _src_use = src.async_fence().begin(stream, sr, Access::Read)?;
-    let _dst_use = dst.async_fence().begin(stream, dr, Access::Write)?;
+    Fence::check_queue(stream)?;
+    let _src_use = src.async_fence().begin_checked(stream, sr, Access::Read)?;
+    let _dst_use = dst.async_fence().begin_checked(stream, dr, Access::Write)?;
     // SAFETY: both ranges lie inside live device allocations of the devices named
     // (`Plan::new`); `dst` is borrowed mutably. The copy outlives this call, which is sound
     // because both buffers wait for the uses marked above before host access or free, and
@@ -352,12 +353,12 @@ impl StagedCopy {
             (
                 "StagedCopy: source buffer",
                 self.src_device.ordinal(),
-                src.device(),
+                src.device().ordinal(),
             ),
             (
                 "StagedCopy: destination buffer",
                 self.dst_device.ordinal(),
-                dst.device(),
+                dst.device().ordinal(),
             ),
         ] {
             crate::handles::devices::require_same(op, expected, found)?;

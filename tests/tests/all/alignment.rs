@@ -91,7 +91,7 @@ impl<T: Pod> Held for PinnedBuffer<T> {
 
 impl<T: Pod> Held for MappedBuffer<T> {
     fn addrs(&self) -> Vec<usize> {
-        vec![self.host_ptr() as usize, self.device_address() as usize]
+        vec![self.as_ptr() as usize, self.device_address() as usize]
     }
     fn host_view(&self) -> Option<cuda_mem::Result<(usize, bool)>> {
         Some(view(self.as_slice()))

@@ -48,7 +48,7 @@ fn pointer_kind_is_device() {
     assert_eq!(info.kind, PointerKind::Device);
     assert_eq!(info.device, dev.ordinal());
     assert_eq!(info.device_ptr, buf.as_ptr() as usize);
-    assert_eq!(buf.device(), dev.ordinal());
+    assert_eq!(buf.device(), dev);
 }
 
 #[test]

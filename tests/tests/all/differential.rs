@@ -62,7 +62,7 @@ fn pair_shape_matches_the_cpp_helper() {
         // SAFETY: no arguments; the reference leaves the error set, the Rust side clears it.
         unsafe { ref_get_last_error() };
         let rust = rust_outcome(alloc_mapped::<u8>(size).map(|b| {
-            assert_eq!(b.host_ptr() as usize, b.device_address() as usize);
+            assert_eq!(b.as_ptr() as usize, b.device_address() as usize);
             assert!(b.as_slice().unwrap().iter().all(|&x| x == 0));
         }));
         assert_eq!(rust, cpp, "size {size}");

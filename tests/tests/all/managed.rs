@@ -50,12 +50,11 @@ fn prefetch_moves_the_last_prefetch_location() {
         None,
         "never prefetched"
     );
-    m.prefetch(Location::Device(dev.ordinal()), &stream)
-        .unwrap();
+    m.prefetch(Location::Device(dev), &stream).unwrap();
     stream.synchronize().unwrap();
     assert_eq!(
         m.last_prefetch_location().unwrap(),
-        Some(Location::Device(dev.ordinal()))
+        Some(Location::Device(dev))
     );
     m.prefetch(Location::Host, &stream).unwrap();
     stream.synchronize().unwrap();
@@ -67,7 +66,7 @@ fn prefetch_moves_the_last_prefetch_location() {
 fn advice_is_read_back() {
     let dev = gpu_or_skip!();
     let m = ManagedBuffer::<u64>::zeroed(1 << 18, Attach::Global).unwrap();
-    let d = Location::Device(dev.ordinal());
+    let d = Location::Device(dev);
     assert!(!m.is_read_mostly().unwrap());
     m.advise(Advice::SetReadMostly).unwrap();
     assert!(m.is_read_mostly().unwrap());

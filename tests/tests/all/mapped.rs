@@ -14,19 +14,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 fn pair_shape_gives_cpu_and_gpu_pointers_and_device_memset_is_seen() {
     gpu_or_skip!();
     let buf = alloc_mapped::<u8>(1 << 20).unwrap();
-    assert_eq!(
-        buf.host_ptr() as usize,
-        buf.device_address() as usize,
-        "UVA"
-    );
+    assert_eq!(buf.as_ptr() as usize, buf.device_address() as usize, "UVA");
     assert!(
         buf.as_slice().unwrap().iter().all(|&b| b == 0),
         "zeroed like the C++ helper"
     );
-    let flags = buf.pinned().runtime_flags().unwrap();
+    let flags = buf.runtime_flags().unwrap();
     assert_ne!(flags & sys::cudaHostAllocMapped, 0);
     assert_eq!(
-        pointer_info(buf.host_ptr()).unwrap().kind,
+        pointer_info(buf.as_ptr()).unwrap().kind,
         PointerKind::PinnedHost
     );
     // cudaMemset through the device pointer, read on the CPU.
@@ -74,7 +70,7 @@ fn extra_flags_are_kept() {
     .unwrap();
     let want =
         sys::cudaHostAllocMapped | sys::cudaHostAllocPortable | sys::cudaHostAllocWriteCombined;
-    assert_eq!(buf.pinned().runtime_flags().unwrap() & want, want);
+    assert_eq!(buf.runtime_flags().unwrap() & want, want);
     buf.free().unwrap();
 }
 

@@ -71,16 +71,13 @@ fn every_buffer_stream_and_event_knows_its_device() {
     let (d0, d1) = two_gpus_or_skip!("every_buffer_stream_and_event_knows_its_device");
     d0.set_current().unwrap();
     for d in [d0, d1] {
-        assert_eq!(
-            DeviceBuffer::<u32>::uninit_on(d, 16).unwrap().device(),
-            d.ordinal()
-        );
+        assert_eq!(DeviceBuffer::<u32>::uninit_on(d, 16).unwrap().device(), d);
         assert_eq!(Stream::on(d, true).unwrap().device(), d);
         assert_eq!(Event::on(d).unwrap().device(), d);
         let m = on(d, || {
             ManagedBuffer::<u32>::zeroed(16, Attach::Global).unwrap()
         });
-        assert_eq!(m.device(), d.ordinal());
+        assert_eq!(m.device(), d);
         assert_eq!(
             Device::current().unwrap(),
             d0,
@@ -133,7 +130,7 @@ fn device_zero_work_with_device_one_current(d0: Device, d1: Device) {
     s0.synchronize().unwrap();
     still("synchronize");
     let mut m = on(d0, || ManagedBuffer::<u32>::zeroed(n, Attach::Global)).unwrap();
-    m.prefetch(Location::Device(0), &s0).unwrap();
+    m.prefetch(Location::Device(d0), &s0).unwrap();
     still("prefetch");
     m.free().unwrap();
     still("managed free");
@@ -287,7 +284,7 @@ fn a_pool_of_device_zero_is_read_and_written_by_kernels_of_device_one() {
     let s0 = Stream::on(d0, true).unwrap();
     let data = pattern(4 * words, 11);
     let mut buf = DeviceBuffer::<u32>::from_pool(&pool, 4 * words, &s0).unwrap();
-    assert_eq!(buf.device(), d0.ordinal());
+    assert_eq!(buf.device(), d0);
     buf.copy_from(&data[..]).unwrap();
 
     // Device 1 current: its kernels on its stream use device 0's pool memory.
@@ -489,8 +486,8 @@ fn managed_memory_is_prefetched_to_each_gpu_then_to_the_host() {
     m.as_mut_slice().unwrap().copy_from_slice(&pattern(n, 8));
     let (s0, s1) = (Stream::on(d0, true).unwrap(), Stream::on(d1, true).unwrap());
     for (to, s) in [
-        (Location::Device(0), &s0),
-        (Location::Device(1), &s1),
+        (Location::Device(d0), &s0),
+        (Location::Device(d1), &s1),
         (Location::Host, &s0),
     ] {
         m.prefetch(to, s).unwrap();

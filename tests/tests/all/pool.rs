@@ -29,10 +29,10 @@ fn pooled_device_buffers_carry_data_bit_exact() {
         MemPool::new(dev).unwrap(),
         MemPool::default_for(dev).unwrap(),
     ] {
-        assert_eq!(pool.location(), PoolLocation::Device(dev.ordinal()));
+        assert_eq!(pool.location(), PoolLocation::Device(dev));
         // Asynchronous in and out on the allocation stream.
         let mut buf = DeviceBuffer::<u32>::from_pool(&pool, n, &s).unwrap();
-        assert_eq!((buf.len(), buf.device()), (n, dev.ordinal()));
+        assert_eq!((buf.len(), buf.device()), (n, dev));
         assert!(buf.pool().is_some() && buf.alloc_stream().is_some());
         copy_async(&mut buf, &src, &s).unwrap();
         let mut out = pinned(&vec![0; n]);

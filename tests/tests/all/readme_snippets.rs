@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use cuda_mem::interop;
-use cuda_mem::interop::cudarc::{CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut};
+use cuda_mem::interop::cudarc::{
+    CudarcPtr as _, CudarcPtrMut as _, CudarcView, CudarcViewMut, Launch,
+};
 use cuda_mem::{
     alloc_mapped, alloc_mapped_uva, copy, copy_async, copy_range, copy_range_async, memset_async,
     pointer_info, sys, Advice, Attach, Device, DeviceBuffer, DeviceFlags, DevicePtr as _,
@@ -16,7 +18,7 @@ use cuda_mem::{
     ManagedBuffer, MappedBuffer, MemPool, PinnedBuffer, PointerKind, PoolAccess, RegisteredSlice,
     RegisteredVec, Result, Stream,
 };
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
 type Ctx = (usize, Vec<f32>, Stream, Device, u8);
 
@@ -107,7 +109,7 @@ fn pinned_memory((n, h, stream, _dev, _value): Ctx, raw: u32, i: usize, x: f32) 
 
 fn mapped_memory((n, _h, stream, _dev, _value): Ctx, mut rv: RegisteredVec<f32>) -> Result<()> {
     let m = MappedBuffer::<f32>::zeroed(n, HostAllocFlags::DEFAULT)?;
-    let _ = (m.host_ptr(), m.device_address());
+    let _ = (m.as_ptr(), m.device_address());
     {
         let _g = m.device_ptr(&stream)?;
     }
@@ -122,12 +124,12 @@ fn mapped_memory((n, _h, stream, _dev, _value): Ctx, mut rv: RegisteredVec<f32>)
     let _ = pointer_info(p.as_ptr())?.device_ptr;
     {
         let m = alloc_mapped::<f32>(n)?;
-        let (cpu, gpu) = (m.host_ptr(), m.device_address());
+        let (cpu, gpu) = (m.as_ptr(), m.device_address());
     }
     {
         let m = alloc_mapped_uva::<f32>(n)?;
         let ptr = m.device_address();
-        let _ = m.host_ptr();
+        let _ = m.as_ptr();
     }
     let mut m = alloc_mapped::<f32>(n)?;
     {
@@ -138,7 +140,6 @@ fn mapped_memory((n, _h, stream, _dev, _value): Ctx, mut rv: RegisteredVec<f32>)
 }
 
 fn managed_memory((n, _h, stream, dev, _value): Ctx, v: u8, i: usize) -> Result<()> {
-    let dev = dev.ordinal(); // an `int` device, as in the C++ calls
     let mut m = ManagedBuffer::<f32>::zeroed(n, Attach::Global)?;
     let _ = ManagedBuffer::<f32>::zeroed(n, Attach::Host)?;
     m.prefetch(Location::Device(dev), &stream)?;
@@ -323,6 +324,17 @@ fn cudarc_interop(
     cs.memcpy_dtod(&buf.cudarc_ptr(&cs)?, &mut slice)?;
     CudarcView::with(&slice, &cs, |v| copy_async(&mut host, v, v.stream()))?;
     CudarcViewMut::with(&mut slice, &cs, |v| copy_async(v, &host, &s))?;
+    let (x, mut y, n) = (buf, target, 3u32);
+    let cfg = LaunchConfig::for_num_elems(3);
+    // SAFETY: never run.
+    unsafe {
+        Launch::on(&s, &f, cfg)?
+            .arg_in(&x)
+            .arg_out(&mut y)
+            .arg(&n)
+            .launch()?
+    }
+    let cs = interop::cudarc::cudarc_stream(&Stream::new()?)?;
     Ok(())
 }
 

@@ -104,7 +104,7 @@ fn review_managed_slice_as_sync_copy_destination_is_complete_on_return() {
     let src = DeviceBuffer::from_slice(&data).unwrap();
     let mut m = ManagedBuffer::<u32>::zeroed(N, Attach::Global).unwrap();
     let s = Stream::non_blocking().unwrap();
-    m.prefetch(Location::Device(dev.ordinal()), &s).unwrap();
+    m.prefetch(Location::Device(dev), &s).unwrap();
     s.synchronize().unwrap();
     let _legacy = hold_legacy(&probes);
     copy(m.as_mut_slice().unwrap(), &src).unwrap();
@@ -130,7 +130,7 @@ fn review_managed_slice_as_sync_copy_source_is_read_before_return() {
     let mut m = ManagedBuffer::<u32>::zeroed(N, Attach::Global).unwrap();
     m.as_mut_slice().unwrap().copy_from_slice(&data);
     let s = Stream::non_blocking().unwrap();
-    m.prefetch(Location::Device(dev.ordinal()), &s).unwrap();
+    m.prefetch(Location::Device(dev), &s).unwrap();
     s.synchronize().unwrap();
     let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
     let _legacy = hold_legacy(&probes);
@@ -875,10 +875,7 @@ fn review_managed_attachment_is_enforced_through_views() {
             .and_then(|v| v.slice(4..8).and_then(|w| w.device_ptr(&s1).map(drop))),
         "device_ptr of a view of a view",
     );
-    refused(
-        host.prefetch(Location::Device(dev.ordinal()), &s1),
-        "prefetch",
-    );
+    refused(host.prefetch(Location::Device(dev), &s1), "prefetch");
 }
 
 /// Liveness, not memory safety: a synchronous copy is recorded on the buffer as work of the

@@ -560,7 +560,7 @@ impl<'c> Cx<'c> {
                 let to = if to_host {
                     Location::Host
                 } else {
-                    Location::Device(0)
+                    Location::Device(Device::get(0).or_fail("Device::get")?)
                 };
                 m.prefetch(to, cx.stream(stream, 0))
                     .or_fail("ManagedBuffer::prefetch")
@@ -1271,7 +1271,7 @@ fn over_aligned<A: Pod>(env: &Env, kind: OverKind, len: usize, pad_bytes: usize)
         OverKind::Mapped => {
             let _pad = pad(pad_bytes, |n| MappedBuffer::<u8>::zeroed(n, F::DEFAULT))?;
             let r = MappedBuffer::<A>::zeroed(len, F::DEFAULT);
-            if let Some(mut b) = judge(&what, r, align, |b| host(b.host_ptr()))? {
+            if let Some(mut b) = judge(&what, r, align, |b| host(b.as_ptr()))? {
                 fill(&what, b.as_mut_slice(), &data)?;
                 roundtrip(&what, &b, len, &data)?;
             }

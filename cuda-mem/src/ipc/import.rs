@@ -1,0 +1,557 @@
+//! The importing side: [`ImportedBuffer`], another process's device memory mapped here, and
+//! [`Importer`], which holds it under the channel's protocol.
+
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use bytemuck::Pod;
+use cuda_mem_sys as sys;
+
+use super::channel::Channel;
+use super::wire::{HandleKind, IpcHandle, Message};
+use super::{device_by_bus_id, note, process_tag, unexpected, DROP_TIMEOUT};
+use crate::alloc::pool::{MemPool, PoolAccess};
+use crate::contract::memory::{sealed, Loc};
+use crate::error::{check, Error, Misuse, Result};
+use crate::fence::{Access, Fence};
+use crate::handles::devices::{require_same, Device};
+use crate::handles::event::{Event, IPC_EVENT_HANDLE_LEN};
+use crate::handles::stream::Stream;
+use crate::ops::view::{Slice, ViewMut};
+
+/// How an imported mapping is undone.
+#[derive(Debug)]
+enum Source {
+    /// `cudaIpcCloseMemHandle`.
+    Legacy,
+    /// `cudaFree` of the imported pointer; the imported pool is kept alive until then.
+    Pool {
+        /// Kept alive while its pointer is mapped, never read.
+        _pool: MemPool,
+    },
+}
+
+/// Device memory of another process, mapped into this one: `len` elements of `T`. Copies,
+/// views, memsets and kernel guards take it like a [`DeviceBuffer`](crate::DeviceBuffer); it
+/// carries a fence like one. Dropped (or [`close`](Self::close)d), it waits for the work
+/// recorded on it and unmaps the memory (`cudaIpcCloseMemHandle`, or `cudaFree` of an
+/// imported pool pointer); when that wait fails the mapping is leaked instead.
+///
+/// Opened alone ([`open`](Self::open)), from a handle that came through any channel, the
+/// exporter does not learn when it is closed: that is [`Importer`]'s part.
+pub struct ImportedBuffer<T: Pod> {
+    ptr: NonNull<T>,
+    len: usize,
+    /// The device the memory is mapped on (the importing stream's).
+    device: i32,
+    fence: Fence,
+    source: Source,
+    kind: HandleKind,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: the mapping is owned by the value alone (like `DeviceBuffer`); device memory may be
+// used and unmapped from any host thread, and the pool handle is a thread-safe runtime handle.
+unsafe impl<T: Pod + Send> Send for ImportedBuffer<T> {}
+// SAFETY: `&ImportedBuffer` allows reads and fence waits only, thread-safe runtime calls; the
+// fence's state is behind its mutex.
+unsafe impl<T: Pod + Sync> Sync for ImportedBuffer<T> {}
+
+impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportedBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+fn refuse(op: &'static str, reason: impl Into<String>) -> Error {
+    Misuse::InvalidArgument {
+        op,
+        reason: reason.into(),
+    }
+    .into()
+}
+
+impl<T: Pod> ImportedBuffer<T> {
+    /// Maps the buffer `handle` names into this process, on `stream`'s device, and makes
+    /// `stream` wait (on the device) for the exporter's event in the handle, recording that
+    /// wait as a write on the new buffer's fence: everything done with the buffer comes after
+    /// the exporter's work before it exported. A pool handle needs the pool's descriptor
+    /// (`pool_fd`), which came beside it.
+    ///
+    /// Checked before CUDA sees anything, each a [`Misuse::InvalidArgument`] naming it: the
+    /// element size against `T`; a handle this process exported (CUDA maps IPC memory into
+    /// other processes only); the exporter's device not visible here; another device without
+    /// peer access to it; a pool handle without its descriptor. CUDA refuses the rest (a
+    /// forged handle, one of freed memory, a sandbox without IPC) with its own error code,
+    /// kept.
+    pub fn open(handle: &IpcHandle, pool_fd: Option<OwnedFd>, stream: &Stream) -> Result<Self> {
+        Self::open_with_event(handle, pool_fd, stream).map(|(b, _)| b)
+    }
+
+    /// [`open`](Self::open), also returning the exporter's event as opened here.
+    pub(crate) fn open_with_event(
+        handle: &IpcHandle,
+        pool_fd: Option<OwnedFd>,
+        stream: &Stream,
+    ) -> Result<(Self, Event)> {
+        const OP: &str = "ImportedBuffer::open";
+        let size = std::mem::size_of::<T>();
+        if handle.elem_size() != size {
+            return Err(refuse(
+                OP,
+                format!(
+                    "the handle holds elements of {} bytes; the element type has {size}",
+                    handle.elem_size()
+                ),
+            ));
+        }
+        if handle.process == process_tag() {
+            return Err(refuse(
+                OP,
+                "the handle was exported by this process: CUDA maps IPC memory into other \
+                 processes only (use the buffer itself)",
+            ));
+        }
+        stream.inner().check_current(OP)?;
+        let here = Device::from_ordinal_unchecked(stream.inner().device());
+        let bus = handle
+            .bus_id()
+            .ok_or_else(|| refuse(OP, "the handle's device id is not a PCI bus id"))?;
+        let owner = device_by_bus_id(bus, OP)?;
+        if owner != here && !here.can_access_peer(owner)? {
+            return Err(refuse(
+                OP,
+                format!(
+                    "the memory lives on device {} (PCI bus id {bus}), which device {} cannot \
+                     access (no peer access)",
+                    owner.ordinal(),
+                    here.ordinal()
+                ),
+            ));
+        }
+        let _g = here.guard()?;
+        let mut raw: *mut std::os::raw::c_void = std::ptr::null_mut();
+        let source = match handle.kind() {
+            HandleKind::Legacy => {
+                if pool_fd.is_some() {
+                    return Err(refuse(OP, "a file descriptor came with a legacy handle"));
+                }
+                let h = sys::cudaIpcMemHandle_t {
+                    reserved: handle.mem.map(|b| b as std::os::raw::c_char),
+                };
+                // SAFETY: valid out-pointer; the handle is plain bytes that the runtime
+                // validates (a forged or stale one is an error code); the importing device is
+                // current.
+                let code = unsafe {
+                    sys::cudaIpcOpenMemHandle(&mut raw, h, sys::cudaIpcMemLazyEnablePeerAccess)
+                };
+                check(code, || {
+                    format!("cudaIpcOpenMemHandle(device {}, {bus})", here.ordinal())
+                })?;
+                Source::Legacy
+            }
+            HandleKind::Pool => {
+                let Some(fd) = pool_fd else {
+                    return Err(refuse(
+                        OP,
+                        "a pool handle came without the pool's file descriptor",
+                    ));
+                };
+                let pool = MemPool::import_fd(fd.as_fd(), owner)?;
+                drop(fd);
+                if owner != here {
+                    pool.set_access(here, PoolAccess::READ_WRITE)?;
+                }
+                let mut data = sys::cudaMemPoolPtrExportData {
+                    reserved: handle.mem,
+                };
+                // SAFETY: valid out-pointers; the pool is live; the export data are plain
+                // bytes the runtime validates.
+                let code =
+                    unsafe { sys::cudaMemPoolImportPointer(&mut raw, pool.as_raw(), &mut data) };
+                check(code, || {
+                    format!("cudaMemPoolImportPointer({pool:?}, {bus})")
+                })?;
+                Source::Pool { _pool: pool }
+            }
+        };
+        let mut buf = ImportedBuffer {
+            // Replaced below; never used while dangling (the fence is idle, `unmap` is the
+            // only user and runs only with the real address).
+            ptr: NonNull::dangling(),
+            len: handle.len(),
+            device: here.ordinal(),
+            fence: Fence::default(),
+            source,
+            kind: handle.kind(),
+            _owns: PhantomData,
+        };
+        let Some(ptr) = NonNull::new(raw.cast::<T>()) else {
+            buf.len = 0; // nothing to unmap
+            return Err(Misuse::NullPointer { op: OP }.into());
+        };
+        buf.ptr = ptr;
+        if (raw as usize) % std::mem::align_of::<T>() != 0 {
+            let e = Misuse::Misaligned {
+                addr: raw as usize,
+                align: std::mem::align_of::<T>(),
+            };
+            drop(buf); // unmapped: nothing was queued on it
+            return Err(e.into());
+        }
+        // From here on an error drops `buf`, which unmaps it (its fence is idle or waits).
+        let event = Event::open_ipc(&handle.event, owner)?;
+        let _s = stream.inner().enter()?;
+        event.wait_on(stream)?;
+        buf.fence = Fence::marked(stream, (0, buf.byte_len()), Access::Write);
+        Ok((buf, event))
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers hold at least one element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The device the memory is mapped on.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// How the memory was shared.
+    pub fn kind(&self) -> HandleKind {
+        self.kind
+    }
+
+    /// The device address. A raw address: for GPU work take it from
+    /// [`device_ptr`](crate::DevicePtr::device_ptr) instead, which orders and records it.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    /// Waits for all pending work recorded on this buffer.
+    pub fn synchronize(&self) -> Result<()> {
+        self.fence.host_wait(Access::Write)
+    }
+
+    /// Copies the buffer to a new `Vec`, after the work it must follow.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = vec![T::zeroed(); self.len];
+        crate::transfer::copy(&mut v, self)?;
+        Ok(v)
+    }
+
+    /// Unmaps the memory now, after the work recorded on it, and reports failure, which drop
+    /// ignores. When the wait fails the mapping is leaked, never unmapped under running work.
+    pub fn close(mut self) -> Result<()> {
+        let r = self.unmap();
+        // Unmapped (or leaked on purpose): drop must not unmap again.
+        self.len = 0;
+        r
+    }
+
+    fn unmap(&mut self) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.fence.host_wait_mut(Access::Write)?;
+        let _g = Device::from_ordinal_unchecked(self.device).guard().ok();
+        let p = self.ptr.as_ptr().cast::<std::os::raw::c_void>();
+        self.len = 0;
+        match &self.source {
+            // SAFETY: a mapping of `cudaIpcOpenMemHandle`, unmapped once (len is 0 now), after
+            // all work recorded on it; the address is never used again.
+            Source::Legacy => check(unsafe { sys::cudaIpcCloseMemHandle(p) }, || {
+                format!("cudaIpcCloseMemHandle({p:p})")
+            }),
+            // SAFETY: an imported pool pointer, freed once, after all work recorded on it (the
+            // runtime documents `cudaFree` for imported pointers).
+            Source::Pool { .. } => check(unsafe { sys::cudaFree(p) }, || {
+                format!("cudaFree({p:p}) of an imported pool pointer")
+            }),
+        }
+    }
+}
+
+impl<T: Pod> Drop for ImportedBuffer<T> {
+    fn drop(&mut self) {
+        // Errors are ignored (drop never panics); a failed wait leaks the mapping.
+        let _ = self.unmap();
+    }
+}
+
+impl<T: Pod> sealed::Raw<T> for ImportedBuffer<T> {
+    fn raw_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+    fn raw_len(&self) -> usize {
+        self.len
+    }
+    fn loc(&self) -> Loc {
+        Loc::Device
+    }
+    fn fence(&self) -> Option<&Fence> {
+        Some(&self.fence)
+    }
+    fn device_ordinal(&self) -> Option<i32> {
+        Some(self.device)
+    }
+}
+
+impl<T: Pod> sealed::RawMut<T> for ImportedBuffer<T> {
+    fn raw_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+}
+
+impl<T: Pod> sealed::Async<T> for ImportedBuffer<T> {
+    fn device_addr(&self) -> Result<*const T> {
+        Ok(self.ptr.as_ptr())
+    }
+    fn async_fence(&self) -> &Fence {
+        &self.fence
+    }
+}
+
+/// The other side of an [`Exporter`](super::Exporter): another process's buffer, held under
+/// the channel's protocol. It opens the offered buffer ([`accept`](Self::accept)), passes it
+/// back and takes it again with the fence's ordering, and tells the exporter when it has
+/// closed it ([`close`](Self::close), or drop), which is what lets the exporter free it.
+pub struct Importer<T: Pod> {
+    /// `None` once closed.
+    buf: Option<ImportedBuffer<T>>,
+    /// The exporter's event as opened here, and its handle bytes.
+    peer_event: Option<([u8; IPC_EVENT_HANDLE_LEN], Event)>,
+    /// This side's interprocess event (made at the first pass) and its handle bytes.
+    event: Option<([u8; IPC_EVENT_HANDLE_LEN], Event)>,
+    chan: Channel,
+    generation: u64,
+    held: bool,
+    handle: IpcHandle,
+}
+
+impl<T: Pod> std::fmt::Debug for Importer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Importer")
+            .field("buf", &self.buf)
+            .field("generation", &self.generation)
+            .field("held", &self.held)
+            .finish()
+    }
+}
+
+impl<T: Pod> Importer<T> {
+    /// Waits at most `timeout` for the exporter's offer on `chan` and opens it on `stream`'s
+    /// device ([`ImportedBuffer::open`]): this side holds the buffer, ordered after the
+    /// exporter's writes. When the open fails, the exporter is told (so that it may free the
+    /// memory) and the error returned: CUDA's, with its code, or the misuse found first.
+    pub fn accept(chan: Channel, stream: &Stream, timeout: Duration) -> Result<Importer<T>> {
+        let (msg, fd) = chan.recv(timeout)?;
+        let handle = match msg {
+            Message::Offer(h) => h,
+            m => return Err(unexpected("Importer::accept", m.name(), "Offer")),
+        };
+        match ImportedBuffer::open_with_event(&handle, fd, stream) {
+            Ok((buf, event)) => Ok(Importer {
+                buf: Some(buf),
+                peer_event: Some((handle.event, event)),
+                event: None,
+                chan,
+                generation: handle.generation,
+                held: true,
+                handle,
+            }),
+            Err(e) => {
+                let code = e.code().map_or(0, |c| c.0);
+                // The exporter may free the memory now; if it cannot be told, it leaks it.
+                let _ = chan.send(&Message::Refused { code }, None, DROP_TIMEOUT);
+                Err(e)
+            }
+        }
+    }
+
+    fn check_held(&self, op: &'static str) -> Result<&ImportedBuffer<T>> {
+        let Some(buf) = &self.buf else {
+            return Err(refuse(op, "the buffer is closed"));
+        };
+        if !self.held {
+            return Err(refuse(
+                op,
+                format!(
+                    "the exporter holds the buffer (generation {}): take it back first \
+                     (Importer::take_back)",
+                    self.generation
+                ),
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// The buffer, for reads, while this side holds it.
+    pub fn buffer(&self) -> Result<&ImportedBuffer<T>> {
+        self.check_held("Importer::buffer")
+    }
+
+    /// The whole buffer as a writable view, while this side holds it.
+    pub fn buffer_mut(&mut self) -> Result<ViewMut<'_, T, ImportedBuffer<T>>> {
+        self.check_held("Importer::buffer_mut")?;
+        match &mut self.buf {
+            Some(b) => b.slice_mut(..),
+            None => Err(refuse("Importer::buffer_mut", "the buffer is closed")),
+        }
+    }
+
+    /// The generation of the last pass, sent or received.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The handle that was offered. Opening it again elsewhere is outside the protocol: the
+    /// exporter frees the memory on this importer's close alone.
+    pub fn handle(&self) -> &IpcHandle {
+        &self.handle
+    }
+
+    /// Whether this side holds the buffer.
+    pub fn is_held(&self) -> bool {
+        self.held && self.buf.is_some()
+    }
+
+    /// Whether the exporter's last recorded work on the buffer has completed (its event),
+    /// without waiting: `false` right after a pass means the exporter's writes were still
+    /// running when the pass arrived, and this side's work is ordered after them on the
+    /// device.
+    pub fn peer_work_done(&self) -> Result<bool> {
+        match &self.peer_event {
+            Some((_, e)) => e.is_complete(),
+            None => Ok(true),
+        }
+    }
+
+    /// Passes the buffer back to the exporter: records this side's event on `stream` after
+    /// every piece of work pending on the buffer, and sends it with the next generation.
+    pub fn pass(&mut self, stream: &Stream) -> Result<()> {
+        const OP: &str = "Importer::pass";
+        let buf = self.check_held(OP)?;
+        require_same(OP, buf.device, stream.inner().device())?;
+        stream.inner().check_current(OP)?;
+        let device = Device::from_ordinal_unchecked(buf.device);
+        let _g = stream.inner().enter()?;
+        if self.event.is_none() {
+            let e = Event::interprocess(device)?;
+            self.event = Some((e.ipc_handle()?, e));
+        }
+        let (Some(buf), Some((handle, event))) = (&self.buf, &self.event) else {
+            return Err(refuse(OP, "the buffer is closed"));
+        };
+        buf.fence
+            .order(stream, (0, buf.byte_len()), Access::Write)?;
+        event.record(stream)?;
+        self.held = false;
+        self.generation += 1;
+        self.chan.send(
+            &Message::Pass {
+                generation: self.generation,
+                event: *handle,
+            },
+            None,
+            DROP_TIMEOUT,
+        )
+    }
+
+    /// Waits at most `timeout` for the exporter to pass the buffer back; `stream`, then
+    /// everything done with the buffer, waits on the device for the exporter's writes.
+    ///
+    /// Errors: the channel's (the exporter's process gone: `ECONNRESET`, so nothing is read
+    /// from memory it may have freed; `ETIMEDOUT`; a truncated or foreign message); a pass
+    /// out of order.
+    pub fn take_back(&mut self, stream: &Stream, timeout: Duration) -> Result<()> {
+        const OP: &str = "Importer::take_back";
+        let Some(buf) = &self.buf else {
+            return Err(refuse(OP, "the buffer is closed"));
+        };
+        if self.held {
+            return Err(refuse(OP, "this side holds the buffer already"));
+        }
+        require_same(OP, buf.device, stream.inner().device())?;
+        stream.inner().check_current(OP)?;
+        let (msg, _fd) = self.chan.recv(timeout)?;
+        let Message::Pass { generation, event } = msg else {
+            return Err(unexpected(OP, msg.name(), "Pass"));
+        };
+        if generation != self.generation + 1 {
+            return Err(refuse(
+                OP,
+                format!(
+                    "the exporter passed generation {generation}; {} was next",
+                    self.generation + 1
+                ),
+            ));
+        }
+        if self.peer_event.as_ref().is_none_or(|(h, _)| *h != event) {
+            let owner = Device::from_ordinal_unchecked(buf.device);
+            self.peer_event = Some((event, Event::open_ipc(&event, owner)?));
+        }
+        let (Some(buf), Some((_, peer))) = (&self.buf, &self.peer_event) else {
+            return Err(refuse(OP, "the buffer is closed"));
+        };
+        let _g = stream.inner().enter()?;
+        peer.wait_on(stream)?;
+        buf.fence.mark(stream, (0, buf.byte_len()), Access::Write);
+        self.generation = generation;
+        self.held = true;
+        Ok(())
+    }
+
+    /// Unmaps the buffer after all work recorded on it, lets go of the exporter's event, and
+    /// tells the exporter, which may then free the memory. When the wait fails the mapping is
+    /// leaked and the exporter is not told (it leaks the memory too): nothing is freed under
+    /// running work.
+    pub fn close(mut self) -> Result<()> {
+        self.close_inner()
+    }
+
+    fn close_inner(&mut self) -> Result<()> {
+        let Some(buf) = self.buf.take() else {
+            return Ok(());
+        };
+        buf.close()?;
+        // The exporter destroys its event once told; this side's handle of it goes first.
+        self.peer_event = None;
+        // This side's event may have a wait queued in the exporter: let it complete first.
+        if let Some((_, e)) = &self.event {
+            e.synchronize()?;
+        }
+        self.chan.send(
+            &Message::Closed {
+                generation: self.generation,
+            },
+            None,
+            DROP_TIMEOUT,
+        )
+    }
+}
+
+impl<T: Pod> Drop for Importer<T> {
+    fn drop(&mut self) {
+        if let Err(e) = self.close_inner() {
+            note(&format!("cuda-mem ipc: Importer dropped: {e}"));
+        }
+    }
+}

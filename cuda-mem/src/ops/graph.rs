@@ -1,0 +1,567 @@
+//! CUDA graphs through stream capture: [`Stream::capture`] records the work a closure queues
+//! into a [`Graph`], [`Graph::instantiate`] makes it a [`GraphExec`] that replays it with one
+//! launch (`cudaStreamBeginCapture` / `cudaStreamEndCapture`, `cudaGraphInstantiate`,
+//! `cudaGraphLaunch`, `cudaGraphExecUpdate`).
+//!
+//! The buffers a graph's nodes use are given to the capture as its *resources* (references
+//! to buffers, or tuples, arrays and `Vec`s of them), and the graph keeps them: borrowed for
+//! as long as the graph or its executable lives, so no safe code can drop, free or move them
+//! meanwhile. Each launch orders itself after pending work on them and marks their fences, as
+//! a copy would, so host access through [`GraphExec::resources_mut`], refills between
+//! replays, and the buffers' drop once the graph is gone wait for the launches. Captured work
+//! on a buffer that was not given to the capture is refused (`Misuse::InvalidArgument`), as is
+//! host access to a given buffer while the capture is open; neither invalidates the capture.
+//! The rules, and what was taken from PyTorch and cudarc: `docs/graphs.md`.
+
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ptr;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cuda_mem_sys as sys;
+
+use crate::contract::buffer::{Allocation, Buffer as OwnedBuffer};
+use crate::contract::memory::sealed::Async;
+use crate::error::{check, Result};
+use crate::fence::capture::{self, misuse, Relaxed};
+use crate::fence::{Access, Fence, Use};
+use crate::handles::devices::Device;
+use crate::handles::event::Event;
+use crate::handles::stream::{Stream, StreamInner};
+use crate::kinds::registered::RegisteredVec;
+
+/// How a capture interacts with other runtime calls (`cudaStreamCaptureMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureMode {
+    /// `cudaStreamCaptureModeGlobal`: "potentially unsafe" calls (a `cudaMalloc`, a
+    /// synchronization) on any thread in global mode, and on this one, fail and invalidate
+    /// the capture.
+    Global,
+    /// `cudaStreamCaptureModeThreadLocal`: only this thread's unsafe calls are refused.
+    ThreadLocal,
+    /// `cudaStreamCaptureModeRelaxed`: unsafe calls are not refused (calls that necessarily
+    /// conflict with the capture still are).
+    Relaxed,
+}
+
+impl CaptureMode {
+    fn raw(self) -> sys::cudaStreamCaptureMode {
+        use sys::cudaStreamCaptureMode as M;
+        match self {
+            CaptureMode::Global => M::cudaStreamCaptureModeGlobal,
+            CaptureMode::ThreadLocal => M::cudaStreamCaptureModeThreadLocal,
+            CaptureMode::Relaxed => M::cudaStreamCaptureModeRelaxed,
+        }
+    }
+}
+
+pub(crate) mod sealed {
+    use crate::fence::{Access, Fence};
+
+    /// A buffer a graph can keep: its fence and byte range.
+    pub trait Kept {
+        /// The fence and the buffer's byte range in it.
+        fn entry(&self) -> (&Fence, (usize, usize));
+    }
+
+    /// What a graph keeps: each buffer's fence, range and how the graph may use it (write
+    /// through `&mut`, read through `&`).
+    pub trait Visit {
+        /// Calls `f` for every buffer.
+        fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access));
+    }
+}
+
+use sealed::{Kept, Visit};
+
+/// What a graph's nodes use and the graph keeps borrowed: `&mut` buffers (which its nodes may
+/// write) and `&` buffers (read only) of the kinds asynchronous work may use (device, pinned,
+/// mapped, managed, registered `Vec`), and tuples (up to 8), arrays and `Vec`s of them, or
+/// `()`. Sealed.
+pub trait GraphResources: Visit {}
+impl<R: Visit + ?Sized> GraphResources for R {}
+
+fn entry_of<T: Pod, M: Async<T>>(m: &M) -> (&Fence, (usize, usize)) {
+    let base = m.fence_base();
+    (
+        m.async_fence(),
+        (base, base + m.raw_len() * std::mem::size_of::<T>()),
+    )
+}
+
+impl<T: Pod, A: Allocation> Kept for OwnedBuffer<T, A> {
+    fn entry(&self) -> (&Fence, (usize, usize)) {
+        entry_of(self)
+    }
+}
+impl<T: Pod> Kept for RegisteredVec<T> {
+    fn entry(&self) -> (&Fence, (usize, usize)) {
+        entry_of(self)
+    }
+}
+
+impl<B: Kept + ?Sized> Visit for &mut B {
+    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+        let (fence, range) = (**self).entry();
+        f(fence, range, Access::Write);
+    }
+}
+impl<B: Kept + ?Sized> Visit for &B {
+    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+        let (fence, range) = (**self).entry();
+        f(fence, range, Access::Read);
+    }
+}
+impl Visit for () {
+    fn visit<'s>(&'s self, _: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {}
+}
+impl<V: Visit> Visit for Vec<V> {
+    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+        self.iter().for_each(|v| v.visit(f));
+    }
+}
+impl<V: Visit, const N: usize> Visit for [V; N] {
+    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+        self.iter().for_each(|v| v.visit(f));
+    }
+}
+
+/// `Visit` for tuples: each member in turn (one trait, its impls for the arities).
+macro_rules! visit_tuple {
+    ($($n:ident . $i:tt),+) => {
+        impl<$($n: Visit),+> Visit for ($($n,)+) {
+            fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+                $(self.$i.visit(f);)+
+            }
+        }
+    };
+}
+visit_tuple!(A.0);
+visit_tuple!(A.0, B.1);
+visit_tuple!(A.0, B.1, C.2);
+visit_tuple!(A.0, B.1, C.2, D.3);
+visit_tuple!(A.0, B.1, C.2, D.3, E.4);
+visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5);
+visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5, G.6);
+visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7);
+
+/// The fences of `r`, by address (stable while `r`'s borrows live).
+fn fences<R: Visit + ?Sized>(r: &R) -> Vec<*const Fence> {
+    let mut v = Vec::new();
+    r.visit(&mut |f, _, _| v.push(f as *const Fence));
+    v
+}
+
+/// An open capture, as the closure of [`Stream::capture`] sees it.
+pub struct Capture<'s> {
+    stream: &'s Stream,
+    mode: CaptureMode,
+    /// Ended on the thread that began it.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Capture<'_> {
+    /// The capturing stream: queue the work to capture here (or on streams that the fence
+    /// joins into the capture, by work on a buffer this stream's captured work used).
+    pub fn stream(&self) -> &Stream {
+        self.stream
+    }
+
+    /// The capture's mode.
+    pub fn mode(&self) -> CaptureMode {
+        self.mode
+    }
+}
+
+impl std::fmt::Debug for Capture<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Capture({:?}, {:?})", self.stream, self.mode)
+    }
+}
+
+/// A `cudaGraph_t`, destroyed on drop.
+struct RawGraph(sys::cudaGraph_t);
+
+impl Drop for RawGraph {
+    fn drop(&mut self) {
+        // SAFETY: we own the handle and destroy it once; errors are ignored (drop). A graph
+        // may be destroyed while executables made from it live.
+        unsafe { sys::cudaGraphDestroy(self.0) };
+    }
+}
+
+/// The misuse of capturing on the legacy default stream (CUDA refuses it).
+pub(crate) const LEGACY_CAPTURE: &str =
+    "the legacy default stream cannot be captured: capture on a stream of your own";
+/// The misuse of keeping graph memory past the capture.
+pub(crate) const GRAPH_MEMORY_KEPT: &str =
+    "buffers allocated inside the capture outlive it: free them inside the closure (graph \
+     memory is only valid inside its graph)";
+/// The misuse of swapping the resources inside the closure.
+pub(crate) const RESOURCES_CHANGED: &str =
+    "the closure replaced buffers of the capture's resources: the graph must keep the buffers \
+     it captured";
+
+/// A capture begun and not yet ended: ended (and its graph destroyed) on drop, for a closure
+/// that panics.
+struct Open {
+    token: u64,
+    origin: Arc<StreamInner>,
+    /// The fences of the resources (alive and in place: the caller borrows them).
+    fences: Vec<*const Fence>,
+    ended: bool,
+}
+
+impl Open {
+    /// Ends the capture: the fences are taken back, the streams the fence joined into the
+    /// capture joined back into its origin, and the capture ended and unregistered. The graph
+    /// (or the error that ended it), and the graph allocations left unfreed.
+    fn end(&mut self) -> (Result<RawGraph>, usize) {
+        self.ended = true;
+        for &f in &self.fences {
+            // SAFETY: the resources' borrows keep the fences alive and in place (see `fences`).
+            unsafe { &*f }.unbind(self.token);
+        }
+        let mut joined = Ok(());
+        let mut events = Vec::new();
+        for j in capture::joined(self.token) {
+            let r = (|| {
+                let _relaxed = Relaxed::new();
+                let ev = Event::on(Device::from_ordinal_unchecked(j.device()))?;
+                ev.record_inner(&j)?;
+                ev.wait_on_inner(&self.origin)?;
+                events.push(ev);
+                Ok(())
+            })();
+            joined = joined.and(r);
+        }
+        let mut g = ptr::null_mut();
+        let _g = self.origin.enter();
+        // SAFETY: a live stream (the caller borrows it) in capture; `g` a valid out-pointer.
+        let code = unsafe { sys::cudaStreamEndCapture(self.origin.raw(), &mut g) };
+        let allocs = capture::close(self.token);
+        drop(events);
+        let graph = (!g.is_null()).then_some(RawGraph(g));
+        let r = check(code, || format!("cudaStreamEndCapture({:?})", self.origin))
+            .and(joined)
+            .and_then(|()| {
+                graph.ok_or_else(|| misuse("Stream::capture", "the capture made no graph"))
+            });
+        (r, allocs)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.end();
+        }
+    }
+}
+
+/// Captures what `f` queues into a new graph, `res` given to the capture.
+fn capture_into<R, F>(stream: &Stream, mode: CaptureMode, res: &mut R, f: F) -> Result<RawGraph>
+where
+    R: GraphResources + ?Sized,
+    F: FnOnce(&Capture<'_>, &mut R) -> Result<()>,
+{
+    const OP: &str = "Stream::capture";
+    let inner = stream.inner();
+    if capture::is_legacy(inner) {
+        return Err(misuse(OP, LEGACY_CAPTURE));
+    }
+    inner.check_current(OP)?;
+    let _g = inner.enter()?;
+    let given = fences(res);
+    let token = capture::begin(inner, mode.raw())?;
+    let mut open = Open {
+        token,
+        origin: inner.clone(),
+        fences: given,
+        ended: false,
+    };
+    for &fence in &open.fences {
+        // SAFETY: `res` borrows the buffers for this whole call: the fences live, in place.
+        unsafe { &*fence }.bind(token)?;
+    }
+    let cap = Capture {
+        stream,
+        mode,
+        _not_send: PhantomData,
+    };
+    let r = f(&cap, res);
+    let same = fences(res) == open.fences;
+    let (graph, allocs) = open.end();
+    r?;
+    let graph = graph?;
+    if allocs > 0 {
+        return Err(misuse(OP, GRAPH_MEMORY_KEPT));
+    }
+    if !same {
+        return Err(misuse(OP, RESOURCES_CHANGED));
+    }
+    Ok(graph)
+}
+
+impl Stream {
+    /// Captures the work `f` queues into a [`Graph`] (`cudaStreamBeginCapture` on this stream
+    /// in `mode`, `cudaStreamEndCapture` when `f` returns, however it returns).
+    ///
+    /// `resources` are the buffers the graph's nodes use ([`GraphResources`]): `f` gets them
+    /// back to queue work on, and the graph keeps them borrowed. Work on another stream that
+    /// uses a buffer the captured work used is joined into the capture (an event recorded and
+    /// waited for, as CUDA defines cross-stream capture), and joined back before the capture
+    /// ends. Inside the capture:
+    ///
+    /// - captured work on a buffer not in `resources` is refused
+    ///   ([`Misuse::InvalidArgument`](crate::Misuse::InvalidArgument)), as is host access to
+    ///   a buffer in `resources`, synchronous copies and memsets, and work on the legacy
+    ///   default stream: none of them invalidates the capture;
+    /// - pool allocations on the capturing stream ([`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool)) are graph
+    ///   memory nodes, and their drop inside `f` a free node; graph memory kept past `f` is
+    ///   refused when the capture ends, and the buffer refuses every later use (its memory
+    ///   belongs to no live graph, and is leaked, never freed);
+    /// - pending work on the resources from before the capture is not waited for: each launch
+    ///   is ordered after it.
+    ///
+    /// Errors: `f`'s error (the capture is ended first, and its graph destroyed); a capture
+    /// that CUDA invalidated gives `cudaErrorStreamCaptureInvalidated` from
+    /// `cudaStreamEndCapture`, the capture ended and the streams usable again.
+    pub fn capture<R, F>(&self, mode: CaptureMode, mut resources: R, f: F) -> Result<Graph<R>>
+    where
+        R: GraphResources,
+        F: FnOnce(&Capture<'_>, &mut R) -> Result<()>,
+    {
+        let raw = capture_into(self, mode, &mut resources, f)?;
+        Ok(Graph {
+            raw,
+            device: self.inner().device(),
+            res: resources,
+        })
+    }
+
+    /// Whether the stream is capturing (`cudaStreamIsCapturing`): `Some(true)` while a capture
+    /// is open on it or has joined it, `Some(false)` while not, `None` after a capture that
+    /// was invalidated and not yet ended.
+    pub fn is_capturing(&self) -> Result<Option<bool>> {
+        use sys::cudaStreamCaptureStatus as S;
+        let _g = self.inner().enter()?;
+        let mut status = S::cudaStreamCaptureStatusNone;
+        // SAFETY: a live stream handle; a valid out-pointer.
+        let code = unsafe { sys::cudaStreamIsCapturing(self.inner().raw(), &mut status) };
+        check(code, || format!("cudaStreamIsCapturing({self:?})"))?;
+        Ok(match status {
+            S::cudaStreamCaptureStatusActive => Some(true),
+            S::cudaStreamCaptureStatusNone => Some(false),
+            _ => None,
+        })
+    }
+}
+
+/// A captured graph (`cudaGraph_t`) and the buffers it keeps borrowed; destroyed on drop.
+/// [`instantiate`](Self::instantiate) it to launch it. `Send` when its resources are, not
+/// `Sync` (CUDA graph objects are not internally synchronized).
+pub struct Graph<R: GraphResources> {
+    raw: RawGraph,
+    device: i32,
+    res: R,
+}
+
+// SAFETY: a graph handle may be used from any thread, one at a time (CUDA: graph objects are
+// not internally synchronized, so `Graph` is not `Sync`); the resources move with it.
+unsafe impl<R: GraphResources + Send> Send for Graph<R> {}
+
+impl<R: GraphResources> std::fmt::Debug for Graph<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({:p} on device {})", self.raw.0, self.device)
+    }
+}
+
+impl<R: GraphResources> Graph<R> {
+    /// The executable graph (`cudaGraphInstantiate`), which keeps the resources.
+    pub fn instantiate(self) -> Result<GraphExec<R>> {
+        let _g = Device::from_ordinal_unchecked(self.device).guard()?;
+        let mut exec = ptr::null_mut();
+        // SAFETY: a live graph; a valid out-pointer; no flags.
+        let code = unsafe { sys::cudaGraphInstantiate(&mut exec, self.raw.0, 0) };
+        check(code, || format!("cudaGraphInstantiate({:p})", self.raw.0))?;
+        Ok(GraphExec {
+            exec,
+            graph: self.raw,
+            device: self.device,
+            res: self.res,
+            launches: Fence::default(),
+        })
+    }
+
+    /// The resources.
+    pub fn resources(&self) -> &R {
+        &self.res
+    }
+
+    /// The raw handle, for calls this crate does not wrap. Stays owned by `self`.
+    pub fn as_raw(&self) -> sys::cudaGraph_t {
+        self.raw.0
+    }
+
+    /// Destroys the graph and gives the resources back (never launched: nothing to wait for).
+    pub fn into_resources(self) -> R {
+        self.res
+    }
+}
+
+/// An executable graph (`cudaGraphExec_t`) and the buffers it keeps borrowed: launch it on
+/// any stream, as often as needed. Each launch is ordered after pending work on its buffers
+/// and marked on their fences, so host access ([`resources_mut`](Self::resources_mut)) and
+/// work through the crate wait for the launches. Dropping it waits for its launches, then
+/// destroys it; forgetting it leaks it (its buffers' fences still hold its launches). `Send`
+/// when its resources are, not `Sync`.
+pub struct GraphExec<R: GraphResources> {
+    exec: sys::cudaGraphExec_t,
+    graph: RawGraph,
+    device: i32,
+    res: R,
+    /// The launches, as work on a one-byte "buffer".
+    launches: Fence,
+}
+
+// SAFETY: as for `Graph`: usable from any thread, one at a time.
+unsafe impl<R: GraphResources + Send> Send for GraphExec<R> {}
+
+impl<R: GraphResources> std::fmt::Debug for GraphExec<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GraphExec({:p} on device {})", self.exec, self.device)
+    }
+}
+
+impl<R: GraphResources> GraphExec<R> {
+    /// Launches the graph on `stream` (`cudaGraphLaunch`), after ordering `stream` after
+    /// conflicting pending work on the graph's buffers; the launch is marked on their fences.
+    /// Returns at once.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        let _g = stream.inner().enter()?;
+        let mut uses: Vec<Use<'_>> = Vec::new();
+        let mut failed = None;
+        self.res.visit(&mut |fence, range, access| {
+            if failed.is_none() {
+                match fence.begin(stream, range, access) {
+                    Ok(u) => uses.push(u),
+                    Err(e) => failed = Some(e),
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
+        // SAFETY: a live executable graph and stream. Its nodes use only the resources (the
+        // capture refused other buffers, and graph memory is freed inside the graph), which
+        // `self` keeps borrowed, whose fences order this launch after their pending work and
+        // record it (the uses above), so nothing frees or touches them while it runs.
+        let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
+        check(code, || {
+            format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
+        })
+    }
+
+    /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
+    pub fn upload(&self, stream: &Stream) -> Result<()> {
+        let _g = stream.inner().enter()?;
+        let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
+        // SAFETY: a live executable graph and stream.
+        let code = unsafe { sys::cudaGraphUpload(self.exec, stream.inner().raw()) };
+        check(code, || format!("cudaGraphUpload({:p})", self.exec))
+    }
+
+    /// Waits for every launch.
+    pub fn synchronize(&self) -> Result<()> {
+        self.launches.host_wait(Access::Write)
+    }
+
+    /// The resources, for reads (host reads wait for launches that write them).
+    pub fn resources(&self) -> &R {
+        &self.res
+    }
+
+    /// The resources, to refill between launches: host access and work through the crate
+    /// wait for (or are ordered after) the launches, and the next launch after them.
+    pub fn resources_mut(&mut self) -> &mut R {
+        &mut self.res
+    }
+
+    /// Captures the work of `f` again, with the same resources, and updates the executable
+    /// graph in place where the topology is unchanged (`cudaGraphExecUpdate`): `Ok(true)`.
+    /// Otherwise the graph is instantiated anew, after the launches so far: `Ok(false)`.
+    pub fn recapture<F>(&mut self, stream: &Stream, mode: CaptureMode, f: F) -> Result<bool>
+    where
+        F: FnOnce(&Capture<'_>, &mut R) -> Result<()>,
+    {
+        let graph = capture_into(stream, mode, &mut self.res, f)?;
+        let _g = Device::from_ordinal_unchecked(self.device).guard()?;
+        let mut info = MaybeUninit::<sys::cudaGraphExecUpdateResultInfo>::zeroed();
+        // SAFETY: live handles; `info` a valid out-pointer.
+        let code = unsafe { sys::cudaGraphExecUpdate(self.exec, graph.0, info.as_mut_ptr()) };
+        let updated = check(code, || format!("cudaGraphExecUpdate({:p})", self.exec));
+        match updated {
+            Ok(()) => {
+                self.graph = graph;
+                Ok(true)
+            }
+            Err(e)
+                if e.code().map(|c| c.0)
+                    == Some(sys::cudaError::cudaErrorGraphExecUpdateFailure.0) =>
+            {
+                let mut exec = ptr::null_mut();
+                // SAFETY: a live graph; a valid out-pointer.
+                let code = unsafe { sys::cudaGraphInstantiate(&mut exec, graph.0, 0) };
+                check(code, || format!("cudaGraphInstantiate({:p})", graph.0))?;
+                let old = std::mem::replace(&mut self.exec, exec);
+                self.graph = graph;
+                if self.launches.host_wait_mut(Access::Write).is_ok() {
+                    // SAFETY: the old executable's launches have completed; never used again.
+                    unsafe { sys::cudaGraphExecDestroy(old) };
+                }
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The raw handle, for calls this crate does not wrap. Stays owned by `self`.
+    pub fn as_raw(&self) -> sys::cudaGraphExec_t {
+        self.exec
+    }
+
+    /// Waits for the launches, destroys the executable graph and gives the resources back.
+    pub fn into_resources(self) -> Result<R> {
+        let mut me = std::mem::ManuallyDrop::new(self);
+        let waited = me.launches.host_wait_mut(Access::Write);
+        if waited.is_ok() {
+            // SAFETY: its launches have completed; never used again.
+            unsafe { sys::cudaGraphExecDestroy(me.exec) };
+        }
+        // SAFETY: `me` is never used or dropped again; each remaining field is moved out or
+        // dropped once.
+        let (res, graph, launches) = unsafe {
+            (
+                ptr::read(&me.res),
+                ptr::read(&me.graph),
+                ptr::read(&me.launches),
+            )
+        };
+        drop((graph, launches));
+        waited.map(|()| res)
+    }
+}
+
+impl<R: GraphResources> Drop for GraphExec<R> {
+    fn drop(&mut self) {
+        // Errors are ignored (drop never panics); when the launches cannot be waited for the
+        // executable graph is leaked rather than destroyed under them.
+        if self.launches.host_wait_mut(Access::Write).is_ok() {
+            // SAFETY: we own the handle; its launches have completed.
+            unsafe { sys::cudaGraphExecDestroy(self.exec) };
+        }
+    }
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU calls of issues 20–23 (one H200), from the repository root over bundle/ (made by
+# scripts/bundle.sh, with ../shared/refbench copied to bundle/refbench/). Logs go to $OUT.
+#
+#   scripts/gpu-issues.sh tests    # every test (CUDA_MEM_REQUIRE_GPU=1, CUDA IPC required),
+#                                  # then the graph, IPC and launch tests under memcheck
+#                                  # (MEMCHECK=full: the whole suite under memcheck instead)
+#   scripts/gpu-issues.sh bench    # graphs.cu, membench.cu (before), limits.cu, then
+#                                  # `cuda-mem bench` (all one-GPU sections but shmoo, peers,
+#                                  # ipc) against docs/results/bench.json, membench.cu (after)
+#   scripts/gpu-issues.sh peers    # `cuda-mem bench --sections shmoo,peers` and PyTorch's rows
+#                                  # beside them (scripts/torch-ref.py), then the two-process
+#                                  # rows (`--sections ipc`) and torch.multiprocessing's
+set -u
+out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
+export CUDA_MEM_LOG_DIR="$out/logs" NCCL_NVLS_ENABLE=0
+b=bundle/cuda-13.0; [ -d "$b" ] || b=$(ls -d bundle/cuda-* | head -n1)
+cm="$b/bin/cuda-mem"
+py=python3; [ -x /opt/torch/.venv/bin/python ] && py=/opt/torch/.venv/bin/python
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+secs() { echo $(( $(date +%s) - $1 )); }
+status=0
+case "${1:-tests}" in
+tests)
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_IPC=1 timeout "${SUITE_SECS:-400}" "$b/run.sh" >"$out/suite.txt" 2>&1 || status=1
+  grep -E 'rc=|passed, .* failed|FAILED|panicked' "$out/suite.txt" | head -60
+  echo "suite: $(secs "$t") s"
+  t=$(date +%s)
+  if [ "${MEMCHECK:-new}" = full ]; then
+    timeout "${MEMCHECK_SECS:-240}" "$b/run.sh" --memcheck >"$out/memcheck.txt" 2>&1 || status=1
+  else
+    CUDA_MEM_SANITIZER=1 CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+      timeout "${MEMCHECK_SECS:-240}" compute-sanitizer --tool memcheck --leak-check full \
+      --report-api-errors no --error-exitcode 97 --print-limit 20 \
+      "$b/tests/tests-all" --test-threads=1 graph:: ipc:: launch:: >"$out/memcheck.txt" 2>&1 || status=1
+  fi
+  grep -E 'test result|ERROR SUMMARY|FAILED|panicked' "$out/memcheck.txt" | head -20
+  echo "memcheck: $(secs "$t") s"
+  ;;
+bench)
+  nvcc -O2 -arch=sm_90 -o /tmp/graphs bundle/refbench/graphs.cu &&
+  nvcc -O2 -arch=sm_90 -o /tmp/membench bundle/refbench/membench.cu &&
+  nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/limits bundle/refbench/limits.cu -lpthread || exit 1
+  echo "== graphs.cu"; { /tmp/graphs; /tmp/graphs k; } 2>&1 | tee "$out/graphs-ref.txt"
+  echo "== membench (before)"; /tmp/membench 256 >"$out/membench-before.txt" 2>&1
+  echo "== limits"; timeout 150 /tmp/limits 256 >"$out/limits.txt" 2>&1
+  t=$(date +%s)
+  timeout "${BENCH_SECS:-330}" "$cm" bench --sections "${SECTIONS:-copies,bidir,kernels,alloc,pools,calls,host,graphs}" \
+    --baseline docs/results/bench.json --out-dir "$out/bench" >"$out/bench-run.txt" 2>&1 || status=1
+  echo "bench: $(secs "$t") s"; tail -n 40 "$out/bench-run.txt"
+  echo "== membench (after)"; /tmp/membench 256 >"$out/membench-after.txt" 2>&1
+  ;;
+peers)
+  t=$(date +%s)
+  timeout "${PEERS_SECS:-300}" "$cm" bench --sections shmoo,peers --json "$out/peers.json" \
+    >"$out/peers.txt" 2>&1 || status=1
+  echo "shmoo+peers: $(secs "$t") s"; tail -n 60 "$out/peers.txt"
+  timeout 120 "$py" scripts/torch-ref.py --bench "$out/peers.json" --json "$out/torch-ref.json" \
+    >"$out/torch-ref.txt" 2>&1; echo "torch-ref rc=$?"; tail -n 30 "$out/torch-ref.txt"
+  t=$(date +%s)
+  timeout 120 "$cm" bench --sections ipc >"$out/ipc.txt" 2>&1; echo "ipc rc=$? $(secs "$t") s"
+  tail -n 20 "$out/ipc.txt"
+  timeout 120 "$py" scripts/torch-ipc.py >"$out/torch-ipc.txt" 2>&1; echo "torch-ipc rc=$?"
+  tail -n 20 "$out/torch-ipc.txt"
+  ;;
+esac
+exit $status
