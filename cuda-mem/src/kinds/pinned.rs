@@ -421,7 +421,7 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 }
 
-/// The pinned pool's buffers: blocks of the allocator (`alloc/pinned_pool.rs`), made buffers here.
+/// The pinned pool's buffers: blocks of the allocator (`alloc/pinned_pool/`), made buffers here.
 impl PinnedPool {
     /// A pinned buffer of `len` elements with `flags`, from the cache where a free block of
     /// its size class and flags is ready, else newly made. Its contents are unspecified

@@ -1,5 +1,5 @@
 //! The transfer policy of [`copy`] and [`copy_range`]: large copies between ordinary
-//! (pageable) host memory and the device go through the staging workers (`staged.rs`), every
+//! (pageable) host memory and the device go through the staging workers (`staged/`), every
 //! other copy through the driver (`ops/copy.rs`).
 
 pub(crate) mod peer;

@@ -124,10 +124,14 @@ type Ev = Arc<Event>;
 
 impl GpuEvent for Ev {
     fn done(&self) -> bool {
+        // Relaxed capture mode where a capture is open on some thread: a query from a thread
+        // in global mode would invalidate it.
+        let _relaxed = crate::fence::capture::Relaxed::new();
         self.is_complete().unwrap_or(false)
     }
 
     fn wait(&self) -> bool {
+        let _relaxed = crate::fence::capture::Relaxed::new();
         self.synchronize().is_ok()
     }
 
