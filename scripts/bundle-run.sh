@@ -61,9 +61,11 @@ for exe in "$here"/tests/*; do
       CUDA_MEM_RANDOM_PROGRAMS="${CUDA_MEM_RANDOM_PROGRAMS:-5}" \
       run_tests "$exe" --skip faults:: --skip multi_gpu:: \
         --skip review::review_a_forgotten_nccl_group \
-        --skip review::review_staged_copy_ring_reuse_waits_and_survives_forget
+        --skip review::review_staged_copy_ring_reuse_waits_and_survives_forget \
+        --skip ipc::an_exporter_that_exits_early
       # (The two skipped review tests leak on purpose: a forgotten NCCL group's communicator,
-      # and a forgotten StagedCopy's 2 MiB staging ring; `mem::forget` is safe and leaks.)
+      # and a forgotten StagedCopy's 2 MiB staging ring; `mem::forget` is safe and leaks. The
+      # IPC test's child exporter exits without freeing, which is what it tests.)
   else
     run_tests "$exe"
   fi

@@ -38,6 +38,25 @@ tests)
   grep -E 'test result|ERROR SUMMARY|FAILED|panicked' "$out/memcheck.txt" | head -20
   echo "memcheck: $(secs "$t") s"
   ;;
+pertest)
+  # Every test of tests-all in its own process under a time limit, with its time: finds a
+  # test that hangs or is slow. FILTER narrows the list.
+  exe="$b/tests/tests-all"
+  "$exe" --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "${FILTER:-.}" >"$out/tests.list"
+  : >"$out/pertest.txt"
+  while read -r t; do
+    s0=$(date +%s%N)
+    CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+      timeout "${TEST_SECS:-60}" "$exe" --exact "$t" --test-threads=1 --nocapture \
+      >"$out/logs/$t.log" 2>&1; rc=$?
+    ms=$(( ($(date +%s%N) - s0) / 1000000 ))
+    echo "$ms ms rc=$rc $t" >>"$out/pertest.txt"
+    [ $rc = 0 ] || { echo "FAIL rc=$rc $t ($ms ms)"; grep -E 'panicked|FAILED|Error|error' "$out/logs/$t.log" | head -8; }
+  done <"$out/tests.list"
+  echo "$(wc -l <"$out/tests.list") tests, $(grep -c ' rc=0 ' "$out/pertest.txt") passed"
+  sort -rn "$out/pertest.txt" | head -25
+  tar czf "$out/pertest-logs.tgz" -C "$out" logs && rm -rf "$out/logs"
+  ;;
 bench)
   nvcc -O2 -arch=sm_90 -o /tmp/graphs bundle/refbench/graphs.cu &&
   nvcc -O2 -arch=sm_90 -o /tmp/membench bundle/refbench/membench.cu &&

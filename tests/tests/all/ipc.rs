@@ -288,7 +288,7 @@ fn a_ping_pong_of_1000_rounds_reads_nothing_stale() {
     assert_eq!(stale, 0, "the parent read stale data in {stale} rounds");
     let line = out
         .lines()
-        .find(|l| l.starts_with("CHILD STALE"))
+        .find_map(|l| marked(l, "CHILD STALE"))
         .unwrap_or_else(|| panic!("{out}"));
     let f: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
     assert_eq!(f[0], 0, "the child read stale data: {line}");
@@ -337,7 +337,7 @@ fn without_the_ordering_a_reader_sees_stale_data() {
     let out = join(child);
     let line = out
         .lines()
-        .find(|l| l.starts_with("CHILD UNORDERED-STALE"))
+        .find_map(|l| marked(l, "CHILD UNORDERED-STALE"))
         .unwrap_or_else(|| panic!("{out}"));
     eprintln!("NOTE {TEST}: {line}");
     let f: Vec<u32> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
@@ -512,7 +512,7 @@ fn a_handle_of_freed_memory_is_cudas_error() {
     let out = join(child);
     let line = out
         .lines()
-        .find(|l| l.starts_with("STALE"))
+        .find_map(|l| marked(l, "STALE"))
         .unwrap_or_else(|| panic!("{out}"));
     eprintln!("NOTE {TEST}: {line}");
     assert!(
@@ -534,4 +534,10 @@ fn a_truncated_offer_is_an_exact_error() {
         e.to_string(),
         "ipc::Channel::recv: truncated message: 8 of 12 header bytes, then the peer closed the channel"
     );
+}
+
+/// The part of `line` from `marker` on: a child's report may follow libtest's
+/// `test ipc::ipc_child ... ` on the same line.
+fn marked<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    line.find(marker).map(|i| &line[i..])
 }
