@@ -38,6 +38,17 @@ tests)
   grep -E 'test result|ERROR SUMMARY|FAILED|panicked' "$out/memcheck.txt" | head -20
   echo "memcheck: $(secs "$t") s"
   ;;
+single)
+  # tests-all in one process, as run.sh runs it, with every test's name and time.
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+    timeout "${SINGLE_SECS:-200}" "$b/tests/tests-all" --test-threads=1 --nocapture \
+    -Z unstable-options --report-time >"$out/single.txt" 2>&1; rc=$?
+  echo "tests-all rc=$rc in $(secs "$t") s"
+  grep -E '^test result|FAILED|panicked' "$out/single.txt" | head -20
+  grep -oE '^test [^ ]+ \.\.\. ' "$out/single.txt" | tail -3
+  gzip -f "$out/single.txt"
+  ;;
 pertest)
   # Every test of tests-all in its own process under a time limit, with its time: finds a
   # test that hangs or is slow. FILTER narrows the list.
@@ -65,9 +76,13 @@ bench)
   echo "== membench (before)"; /tmp/membench 256 >"$out/membench-before.txt" 2>&1
   echo "== limits"; timeout 150 /tmp/limits 256 >"$out/limits.txt" 2>&1
   t=$(date +%s)
-  timeout "${BENCH_SECS:-330}" "$cm" bench --sections "${SECTIONS:-copies,bidir,kernels,alloc,pools,calls,host,graphs}" \
+  timeout "${BENCH_SECS:-240}" "$cm" bench --sections "${SECTIONS:-copies,bidir,kernels,alloc,pools,calls}" \
     --baseline docs/results/bench.json --out-dir "$out/bench" >"$out/bench-run.txt" 2>&1 || status=1
-  echo "bench: $(secs "$t") s"; tail -n 40 "$out/bench-run.txt"
+  echo "bench: $(secs "$t") s"; tail -n 30 "$out/bench-run.txt"
+  t=$(date +%s)
+  timeout "${HOST_SECS:-150}" "$cm" bench --sections "${SECTIONS2:-host,graphs}" \
+    --out-dir "$out/bench-host" >"$out/bench-host-run.txt" 2>&1 || status=1
+  echo "bench host,graphs: $(secs "$t") s"
   echo "== membench (after)"; /tmp/membench 256 >"$out/membench-after.txt" 2>&1
   ;;
 peers)

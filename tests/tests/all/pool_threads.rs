@@ -105,7 +105,8 @@ fn pinned_pool_pending_block_goes_to_no_stream_early_under_thread_caches() {
     let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
     let a = pool.from_slice(&x, F::DEFAULT).unwrap();
     let a_addr = a.as_ptr() as usize;
-    probes.spin(SPIN, &s1).unwrap();
+    // Long enough to outlast the allocations of five threads below (cudaHostAlloc misses).
+    probes.spin(20 * SPIN, &s1).unwrap();
     copy_async(&mut dev, &a, &s1).unwrap();
     drop(a);
     still_pending(!s1.is_idle().unwrap(), "the copy from A is pending");
@@ -224,9 +225,12 @@ fn pinned_pool_thread_exit_returns_its_blocks() {
     let again: Vec<_> = std::thread::spawn({
         let pool = pool.clone();
         move || {
-            (0..4)
-                .map(|_| {
-                    let b = pool.alloc::<u32>(10_000, F::DEFAULT).unwrap();
+            // All four alive at once: each must be one of the exited thread's blocks.
+            let bufs: Vec<_> = (0..4)
+                .map(|_| pool.alloc::<u32>(10_000, F::DEFAULT).unwrap())
+                .collect();
+            bufs.iter()
+                .map(|b| {
                     assert_eq!(
                         pointer_info(b.as_ptr()).unwrap().kind,
                         PointerKind::PinnedHost
