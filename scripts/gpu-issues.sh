@@ -39,11 +39,11 @@ tests)
   echo "memcheck: $(secs "$t") s"
   ;;
 single)
-  # tests-all in one process, as run.sh runs it, with every test's name and time.
+  # tests-all in one process, as run.sh runs it: where it stops, if it does.
   t=$(date +%s)
   CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
     timeout "${SINGLE_SECS:-200}" "$b/tests/tests-all" --test-threads=1 --nocapture \
-    -Z unstable-options --report-time >"$out/single.txt" 2>&1; rc=$?
+    >"$out/single.txt" 2>&1; rc=$?
   echo "tests-all rc=$rc in $(secs "$t") s"
   grep -E '^test result|FAILED|panicked' "$out/single.txt" | head -20
   grep -oE '^test [^ ]+ \.\.\. ' "$out/single.txt" | tail -3
