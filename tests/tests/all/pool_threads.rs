@@ -105,8 +105,8 @@ fn pinned_pool_pending_block_goes_to_no_stream_early_under_thread_caches() {
     let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
     let a = pool.from_slice(&x, F::DEFAULT).unwrap();
     let a_addr = a.as_ptr() as usize;
-    // Long enough to outlast the allocations of five threads below (cudaHostAlloc misses).
-    probes.spin(20 * SPIN, &s1).unwrap();
+    // Held across the allocations of five threads below.
+    probes.spin(2 * SPIN, &s1).unwrap();
     copy_async(&mut dev, &a, &s1).unwrap();
     drop(a);
     still_pending(!s1.is_idle().unwrap(), "the copy from A is pending");
@@ -122,7 +122,9 @@ fn pinned_pool_pending_block_goes_to_no_stream_early_under_thread_caches() {
     let mut dev2 = DeviceBuffer::<u32>::zeroed(n).unwrap();
     copy_async(&mut dev2, &mine, &s2).unwrap();
     // Other threads, each on its own stream, several allocations each.
-    let others: Vec<usize> = std::thread::scope(|sc| {
+    // Each thread hands its device buffer back instead of dropping it: `cudaFree` waits for
+    // the whole device, which would end the held copy before the check below.
+    let (others, keep): (Vec<Vec<usize>>, Vec<DeviceBuffer<u32>>) = std::thread::scope(|sc| {
         (0..4)
             .map(|_| {
                 sc.spawn(|| {
@@ -138,19 +140,21 @@ fn pinned_pool_pending_block_goes_to_no_stream_early_under_thread_caches() {
                     for b in &bufs {
                         copy_async(&mut d, b, &s).unwrap();
                     }
-                    bufs.iter().map(|b| b.as_ptr() as usize).collect::<Vec<_>>()
+                    (bufs.iter().map(|b| b.as_ptr() as usize).collect(), d)
                 })
             })
             .collect::<Vec<_>>()
             .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+            .map(|h| h.join().unwrap())
+            .unzip()
     });
+    let others: Vec<usize> = others.into_iter().flatten().collect();
     still_pending(!s1.is_idle().unwrap(), "the copy from A is still pending");
     assert!(
         !others.contains(&a_addr),
         "another thread got the pending block"
     );
+    drop(keep);
     s1.synchronize().unwrap();
     assert!(
         dev.to_vec().unwrap() == x,
