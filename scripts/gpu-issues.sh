@@ -38,6 +38,15 @@ tests)
   grep -E 'test result|ERROR SUMMARY|FAILED|panicked' "$out/memcheck.txt" | head -20
   echo "memcheck: $(secs "$t") s"
   ;;
+random)
+  # The randomized model test at its default size (run.sh's), and the examples.
+  CUDA_MEM_REQUIRE_GPU=1 timeout 120 "$b/tests/tests-random" --test-threads=1 >"$out/random.txt" 2>&1
+  echo "tests-random rc=$?"; grep -E '^test result' "$out/random.txt"
+  for e in "$b"/bin/*; do
+    case "$(basename "$e")" in cuda-mem) continue ;; esac
+    timeout 60 "$e" >"$out/example-$(basename "$e").txt" 2>&1; echo "example $(basename "$e") rc=$?"
+  done
+  ;;
 single)
   # tests-all in one process, as run.sh runs it: where it stops, if it does.
   t=$(date +%s)
