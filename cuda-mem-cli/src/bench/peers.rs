@@ -50,8 +50,11 @@ use crate::units::{fmt_size, gbps, median, KIB, MIB};
 pub const COPY_SIZES: [u64; 3] = [4 * KIB, MIB, 256 * MIB];
 /// Sizes of the allocation rows.
 pub const ALLOC_SIZES: [u64; 2] = [4 * KIB, MIB];
-/// Calls per sample of the per-call row (well inside a stream's queue).
-const CALLS: u32 = 256;
+/// Calls per sample of the per-call row, queued while the spin kernel holds the stream: well
+/// inside a stream's queue for both sides. (cudarc queues an event wait and record per side
+/// of each copy besides the copy: 256 calls filled the queue on the H200, and its enqueue then
+/// blocked the host until the spin kernel's timeout.)
+const CALLS: u32 = 64;
 /// Pairs per sample of the stream-ordered allocation row.
 const ALLOC_BATCH: u32 = 200;
 /// Pinned allocations + frees per sample.
