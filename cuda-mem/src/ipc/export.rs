@@ -9,9 +9,11 @@ use cuda_mem_sys as sys;
 
 use super::channel::Channel;
 use super::wire::{HandleKind, IpcHandle, Message, MEM_HANDLE_LEN};
-use super::{bus_id_of, leaked, note, process_tag, unexpected, DROP_TIMEOUT};
+use super::{bus_id_of, leaked, note, process_tag, refuse, unexpected, DROP_TIMEOUT};
 use crate::contract::memory::sealed::Async;
-use crate::error::{check, Error, ErrorCode, Misuse, Result};
+#[cfg(doc)]
+use crate::error::Misuse;
+use crate::error::{check, Error, ErrorCode, Result};
 use crate::fence::Access;
 use crate::handles::devices::require_same;
 use crate::handles::event::{Event, IPC_EVENT_HANDLE_LEN};
@@ -66,14 +68,6 @@ impl<T: Pod> std::fmt::Debug for Exporter<T> {
             .field("mapped", &self.mapped)
             .finish()
     }
-}
-
-fn refuse(op: &'static str, reason: impl Into<String>) -> Error {
-    Misuse::InvalidArgument {
-        op,
-        reason: reason.into(),
-    }
-    .into()
 }
 
 impl<T: Pod> Exporter<T> {

@@ -11,10 +11,10 @@ use cuda_mem_sys as sys;
 
 use super::channel::Channel;
 use super::wire::{HandleKind, IpcHandle, Message};
-use super::{device_by_bus_id, note, process_tag, unexpected, DROP_TIMEOUT};
+use super::{device_by_bus_id, note, process_tag, refuse, unexpected, DROP_TIMEOUT};
 use crate::alloc::pool::{MemPool, PoolAccess};
 use crate::contract::memory::{sealed, Loc};
-use crate::error::{check, Error, Misuse, Result};
+use crate::error::{check, Misuse, Result};
 use crate::fence::{Access, Fence};
 use crate::handles::devices::{require_same, Device};
 use crate::handles::event::{Event, IPC_EVENT_HANDLE_LEN};
@@ -68,14 +68,6 @@ impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
             .field("kind", &self.kind)
             .finish()
     }
-}
-
-fn refuse(op: &'static str, reason: impl Into<String>) -> Error {
-    Misuse::InvalidArgument {
-        op,
-        reason: reason.into(),
-    }
-    .into()
 }
 
 impl<T: Pod> ImportedBuffer<T> {
@@ -230,8 +222,8 @@ impl<T: Pod> ImportedBuffer<T> {
     }
 
     /// The device the memory is mapped on.
-    pub fn device(&self) -> i32 {
-        self.device
+    pub fn device(&self) -> Device {
+        Device::from_ordinal_unchecked(self.device)
     }
 
     /// How the memory was shared.

@@ -65,6 +65,15 @@ use std::time::Duration;
 use crate::error::{Error, Misuse, Result};
 use crate::handles::devices::Device;
 
+/// The misuse refusal of an IPC call: `op` refused, for `reason`.
+fn refuse(op: &'static str, reason: impl Into<String>) -> Error {
+    Misuse::InvalidArgument {
+        op,
+        reason: reason.into(),
+    }
+    .into()
+}
+
 /// How long [`Exporter`]'s drop waits for the importer's close, and [`Importer`]'s drop for
 /// sending it.
 pub const DROP_TIMEOUT: Duration = Duration::from_secs(10);
