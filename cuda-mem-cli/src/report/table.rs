@@ -372,10 +372,12 @@ pub fn bench_table(r: &BenchResults) -> String {
     // Per-call cost of asynchronous copies.
     if !r.calls.is_empty() {
         out.push_str(
-            "\nAsynchronous calls: µs through cuda-mem / raw cudaMemcpyAsync (speed ratio, 1 = \
-             parity)\n  loop: one copy_async per copy until synchronized; enqueue: host time \
-             of one 4 KiB call, stream held;\n  quarters: four 16 MiB copies into one buffer, \
-             on four streams or one\n",
+            "\nAsynchronous calls: µs through cuda-mem / the raw call (cudaMemcpyAsync, \
+             cudaMemsetAsync, or none for a guard) (speed ratio, 1 = parity)\n  loop: one \
+             copy_async per copy until synchronized; enqueue: host time of one 4 KiB call, \
+             stream held;\n  overhead_*: host time of one 4 KiB call, stream held, per stream \
+             kind and number of users;\n  quarters: four 16 MiB copies into one buffer, on \
+             four streams or one\n",
         );
         let mut rows = vec![vec![
             "test".to_string(),
