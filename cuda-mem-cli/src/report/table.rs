@@ -373,7 +373,7 @@ pub fn bench_table(r: &BenchResults) -> String {
     if !r.calls.is_empty() {
         out.push_str(
             "\nAsynchronous calls: µs through cuda-mem / the raw call (cudaMemcpyAsync, \
-             cudaMemsetAsync, or none for a guard) (speed ratio, 1 = parity)\n  loop: one \
+             cudaMemsetAsync; a guard: the raw call it guards) (speed ratio, 1 = parity)\n  loop: one \
              copy_async per copy until synchronized; enqueue: host time of one 4 KiB call, \
              stream held;\n  overhead_*: host time of one 4 KiB call, stream held, per stream \
              kind and number of users;\n  quarters: four 16 MiB copies into one buffer, on \
