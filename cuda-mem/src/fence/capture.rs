@@ -256,6 +256,33 @@ impl Drop for Relaxed {
     }
 }
 
+/// The misuse of queueing on a stream another library is capturing.
+pub(crate) const FOREIGN_CAPTURE: &str =
+    "the stream is being captured by another library (e.g. cudarc's begin_capture on a lent \
+     stream): work queued now would become a graph node that no buffer's fence records; \
+     capture with Stream::capture instead";
+
+/// Refuses work on `s`, a stream another library holds too, while a capture the crate did not
+/// begin is open on it (`cudaStreamIsCapturing`). A capture begun after this check, before the
+/// work is queued, is not seen: the same window as another thread's `Stream::capture` (see
+/// docs/graphs.md).
+#[cold]
+pub(crate) fn refuse_foreign_capture(s: &StreamInner) -> Result<()> {
+    use sys::cudaStreamCaptureStatus as S;
+    if capture_of(s).is_some() {
+        return Ok(());
+    }
+    let mut status = S::cudaStreamCaptureStatusNone;
+    // SAFETY: a live stream handle (the caller borrows its stream); a valid out-pointer.
+    let code = unsafe { sys::cudaStreamIsCapturing(s.raw(), &mut status) };
+    check(code, || format!("cudaStreamIsCapturing({s:?})"))?;
+    if status == S::cudaStreamCaptureStatusNone {
+        Ok(())
+    } else {
+        Err(misuse("queueing work", FOREIGN_CAPTURE))
+    }
+}
+
 /// Begins a capture on `origin` in `mode` and registers it; returns its token. The legacy
 /// stream of `origin`'s device is drained first when no other capture is open (its pending
 /// work then never needs a call during the capture).
@@ -264,11 +291,18 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
     if !any_open() {
         drain_legacy(origin.device())?;
     }
+    // Raised before the capture begins, so that work other threads start queueing from now on
+    // takes the capture-aware path (which refuses buffers not given to the capture). Work that
+    // passed its check just before can still land in the capture: see docs/graphs.md.
+    OPEN.fetch_add(1, Ordering::AcqRel);
     // SAFETY: a live stream handle (the caller's borrow keeps it); the mode is a valid value.
     let code = unsafe { sys::cudaStreamBeginCapture(origin.raw(), mode) };
-    check(code, || {
+    if let Err(e) = check(code, || {
         format!("cudaStreamBeginCapture({:?}, {mode:?})", origin)
-    })?;
+    }) {
+        OPEN.fetch_sub(1, Ordering::AcqRel);
+        return Err(e);
+    }
     let token = NEXT.fetch_add(1, Ordering::Relaxed);
     registry().push(Open {
         token,
@@ -276,7 +310,6 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
         streams: vec![origin.clone()],
         allocs: 0,
     });
-    OPEN.fetch_add(1, Ordering::AcqRel);
     Ok(token)
 }
 

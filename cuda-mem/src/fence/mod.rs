@@ -243,11 +243,17 @@ impl Fence {
     /// Refuses queueing work on `stream` from this thread where the runtime would queue it
     /// elsewhere (see `StreamInner::check_current`): [`begin`](Self::begin)'s check, made once
     /// by an operation that begins on several fences ([`begin_checked`](Self::begin_checked)).
+    /// On a stream another library holds too (cudarc's, or one lent to cudarc), also refuses
+    /// queueing while that library has a capture open on it that the crate does not know of:
+    /// the work would become a node of a graph whose launches no fence records.
     #[inline]
     pub(crate) fn check_queue(stream: &Stream) -> Result<()> {
-        stream
-            .inner()
-            .check_current("queueing work on a default stream (legacy or per-thread)")
+        let inner = stream.inner();
+        inner.check_current("queueing work on a default stream (legacy or per-thread)")?;
+        if inner.is_lent() {
+            capture::refuse_foreign_capture(inner)?;
+        }
+        Ok(())
     }
 
     /// [`begin`](Self::begin) for a caller that made [`check_queue`](Self::check_queue) for

@@ -30,6 +30,10 @@ pub(crate) struct StreamInner {
     /// What keeps a borrowed handle valid, where this crate can hold it: another library's
     /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
     _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Whether another library holds the stream too (a cudarc stream wrapped, or this stream
+    /// lent to cudarc), so that it may begin a stream capture the crate does not know of: the
+    /// fence then asks the runtime before queueing (`fence::Fence::check_queue`).
+    lent: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: a cudaStream_t is a handle the runtime allows to be used from any thread, and
@@ -54,8 +58,21 @@ impl StreamInner {
             owned,
             device,
             thread,
+            lent: std::sync::atomic::AtomicBool::new(keeper.is_some()),
             _keeper: keeper,
         })
+    }
+
+    /// Notes that another library holds the stream too (see the field).
+    #[cfg_attr(not(feature = "cudarc-unpinned"), allow(dead_code))]
+    pub(crate) fn mark_lent(&self) {
+        self.lent.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether another library holds the stream too.
+    #[inline]
+    pub(crate) fn is_lent(&self) -> bool {
+        self.lent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The handle to pass to the runtime on the calling thread. A per-thread default stream

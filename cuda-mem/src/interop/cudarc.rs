@@ -397,6 +397,9 @@ pub fn cudarc_stream(s: &Stream) -> Result<Arc<CudaStream>> {
     // guards, which order the stream after the memory's pending work and record the work on
     // it; cudarc's memory orders itself (the context tracks events, `several_streams`).
     let cs = unsafe { ctx.wrap_borrowed_stream(raw.cast()) };
+    // cudarc may now begin a capture on it that the crate does not know of: the fence asks the
+    // runtime before queueing on it from now on.
+    inner.mark_lent();
     let released = {
         let mut lent = LENT.lock().unwrap_or_else(|e| e.into_inner());
         let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *lent)

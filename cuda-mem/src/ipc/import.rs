@@ -83,7 +83,18 @@ impl<T: Pod> ImportedBuffer<T> {
     /// peer access to it; a pool handle without its descriptor. CUDA refuses the rest (a
     /// forged handle, one of freed memory, a sandbox without IPC) with its own error code,
     /// kept.
-    pub fn open(handle: &IpcHandle, pool_fd: Option<OwnedFd>, stream: &Stream) -> Result<Self> {
+    ///
+    /// # Safety
+    /// Outside the [`Exporter`](super::Exporter) / [`Importer`] protocol nothing keeps the
+    /// exporter from freeing or writing the memory while this mapping is used: the caller
+    /// promises that the exporting process keeps it allocated until this buffer is dropped,
+    /// and writes it only when this process's work on it is done (as the exporter's
+    /// `Closed`/`Pass` messages guarantee to an [`Importer`]).
+    pub unsafe fn open(
+        handle: &IpcHandle,
+        pool_fd: Option<OwnedFd>,
+        stream: &Stream,
+    ) -> Result<Self> {
         Self::open_with_event(handle, pool_fd, stream).map(|(b, _)| b)
     }
 

@@ -146,6 +146,25 @@ visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5);
 visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5, G.6);
 visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7);
 
+/// The fences of `r` as plain addresses, for comparison only (never dereferenced).
+fn addresses<R: Visit + ?Sized>(r: &R) -> Vec<usize> {
+    let mut v = Vec::new();
+    r.visit(&mut |f, _, _| v.push(f as *const Fence as usize));
+    v
+}
+
+/// Whether `r` still names exactly the buffers whose fence addresses are `captured`, in
+/// order (no allocation: a launch checks this every time).
+fn names_captured<R: Visit + ?Sized>(r: &R, captured: &[usize]) -> bool {
+    let mut i = 0;
+    let mut same = true;
+    r.visit(&mut |f, _, _| {
+        same &= captured.get(i) == Some(&(f as *const Fence as usize));
+        i += 1;
+    });
+    same && i == captured.len()
+}
+
 /// The fences of `r`, by address (stable while `r`'s borrows live).
 fn fences<R: Visit + ?Sized>(r: &R) -> Vec<*const Fence> {
     let mut v = Vec::new();
@@ -198,10 +217,12 @@ pub(crate) const LEGACY_CAPTURE: &str =
 pub(crate) const GRAPH_MEMORY_KEPT: &str =
     "buffers allocated inside the capture outlive it: free them inside the closure (graph \
      memory is only valid inside its graph)";
-/// The misuse of swapping the resources inside the closure.
+/// The misuse of swapping the resources (inside the capture's closure, or through
+/// `GraphExec::resources_mut` before a launch).
 pub(crate) const RESOURCES_CHANGED: &str =
-    "the closure replaced buffers of the capture's resources: the graph must keep the buffers \
-     it captured";
+    "the resources no longer name the buffers the graph captured (replaced inside the capture's \
+     closure or through resources_mut): a graph must keep the buffers it captured; recapture \
+     to use others";
 
 /// A capture begun and not yet ended: ended (and its graph destroyed) on drop, for a closure
 /// that panics.
@@ -390,6 +411,7 @@ impl<R: GraphResources> Graph<R> {
             exec,
             graph: self.raw,
             device: self.device,
+            captured: addresses(&self.res),
             res: self.res,
             launches: Fence::default(),
         })
@@ -422,6 +444,10 @@ pub struct GraphExec<R: GraphResources> {
     graph: RawGraph,
     device: i32,
     res: R,
+    /// The addresses of the fences of the buffers the executable graph's nodes use, in visit
+    /// order: a launch is refused once the resources no longer name those buffers (swapped
+    /// through `resources_mut`), since its uses would be marked on the wrong fences.
+    captured: Vec<usize>,
     /// The launches, as work on a one-byte "buffer".
     launches: Fence,
 }
@@ -440,6 +466,10 @@ impl<R: GraphResources> GraphExec<R> {
     /// conflicting pending work on the graph's buffers; the launch is marked on their fences.
     /// Returns at once.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
+        const OP: &str = "GraphExec::launch";
+        if !names_captured(&self.res, &self.captured) {
+            return Err(misuse(OP, RESOURCES_CHANGED));
+        }
         let _g = stream.inner().enter()?;
         let mut uses: Vec<Use<'_>> = Vec::new();
         let mut failed = None;
@@ -467,6 +497,9 @@ impl<R: GraphResources> GraphExec<R> {
 
     /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
+        if !names_captured(&self.res, &self.captured) {
+            return Err(misuse("GraphExec::upload", RESOURCES_CHANGED));
+        }
         let _g = stream.inner().enter()?;
         let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
         // SAFETY: a live executable graph and stream.
@@ -506,6 +539,8 @@ impl<R: GraphResources> GraphExec<R> {
         match updated {
             Ok(()) => {
                 self.graph = graph;
+                // Updated in place: its nodes now use the buffers just captured.
+                self.captured = addresses(&self.res);
                 Ok(true)
             }
             Err(e)
@@ -518,6 +553,7 @@ impl<R: GraphResources> GraphExec<R> {
                 check(code, || format!("cudaGraphInstantiate({:p})", graph.0))?;
                 let old = std::mem::replace(&mut self.exec, exec);
                 self.graph = graph;
+                self.captured = addresses(&self.res);
                 if self.launches.host_wait_mut(Access::Write).is_ok() {
                     // SAFETY: the old executable's launches have completed; never used again.
                     unsafe { sys::cudaGraphExecDestroy(old) };

@@ -163,7 +163,9 @@ fn ipc_child() {
             imp.close().unwrap();
             let mut b = [0];
             signal.read_exact(&mut b).unwrap();
-            match ImportedBuffer::<u32>::open(&handle, None, &s) {
+            // SAFETY: the exporter freed the memory already (that is the test); CUDA is
+            // expected to refuse the handle, and an opened buffer is dropped unused.
+            match unsafe { ImportedBuffer::<u32>::open(&handle, None, &s) } {
                 Ok(_) => println!("STALE OPENED"),
                 Err(e) => println!("STALE code={:?} {e}", e.code().map(|c| c.0)),
             }
@@ -438,7 +440,8 @@ fn bad_handles_are_exact_errors() {
     b[44..44 + bus.len()].copy_from_slice(bus.as_bytes());
     b[76..140].fill(0xa7);
     let forged = IpcHandle::from_bytes(&b).unwrap();
-    let e = ImportedBuffer::<u32>::open(&forged, None, &s).unwrap_err();
+    // SAFETY: a forged handle that names no memory: CUDA refuses it, nothing is mapped.
+    let e = unsafe { ImportedBuffer::<u32>::open(&forged, None, &s) }.unwrap_err();
     eprintln!("NOTE bad_handles_are_exact_errors: a forged handle: {e}");
     assert!(e.code().is_some(), "{e}");
     assert!(

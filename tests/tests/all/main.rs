@@ -30,6 +30,7 @@ mod readme;
 mod readme_snippets;
 mod registered;
 mod review;
+mod review3;
 mod soundness;
 mod staged;
 mod views;
