@@ -628,7 +628,10 @@ mod tests {
     /// `mem::forget` of a buffer and of a pool handle is safe: the block and the pool leak,
     /// nothing else happens.
     #[test]
-    #[cfg_attr(miri, ignore = "leaks on purpose (mem::forget), which Miri's leak check reports")]
+    #[cfg_attr(
+        miri,
+        ignore = "leaks on purpose (mem::forget), which Miri's leak check reports"
+    )]
     fn forgetting_buffers_and_handles_only_leaks() {
         let p = pool(1 << 30);
         std::mem::forget(p.alloc::<u8>(100, F).unwrap());
