@@ -290,9 +290,7 @@ impl<E: GpuEvent> Core<E> {
                     }
                 }
                 let mut d = lock(&self.depot);
-                if !d.st.pending.is_empty() {
-                    d.st.poll(E::done);
-                }
+                d.st.poll(E::done);
                 if let Some(b) = d.st.take(key) {
                     let room = (cs.reserve as i64 - cs.st.c.cached).max(0) as usize;
                     let extra = if key.class <= cs.reserve {
@@ -315,9 +313,7 @@ impl<E: GpuEvent> Core<E> {
         }
         {
             let mut d = lock(&self.depot);
-            if !d.st.pending.is_empty() {
-                d.st.poll(E::done);
-            }
+            d.st.poll(E::done);
             if let Some(b) = d.st.take(key) {
                 return Some(b);
             }
@@ -431,9 +427,7 @@ impl<E: GpuEvent> Core<E> {
     /// (if still over) its oldest pending blocks, to the depot, in one batch. Returns what the
     /// depot gives up in turn, to release once the cache's lock is dropped.
     fn flush(&self, cs: &mut CacheState<E>) -> Release<E> {
-        if !cs.st.pending.is_empty() {
-            cs.st.poll(E::done);
-        }
+        cs.st.poll(E::done);
         let keep = cs.reserve / 2;
         let shed = cs.st.shed(keep);
         let mut pending = Vec::new();
@@ -458,9 +452,7 @@ impl<E: GpuEvent> Core<E> {
     fn settle(&self, d: &mut Depot<E>) -> Release<E> {
         let mut r = Release::none();
         if d.closed {
-            if !d.st.pending.is_empty() {
-                d.st.poll(E::done);
-            }
+            d.st.poll(E::done);
             r.free = d.st.evict(usize::MAX).0;
             if d.st.c.in_use <= 0 {
                 for p in std::mem::take(&mut d.st.pending) {
@@ -475,9 +467,7 @@ impl<E: GpuEvent> Core<E> {
             .max_cached_bytes
             .saturating_sub(self.reserved.load(Ordering::Relaxed)) as i64;
         if d.st.c.cached > share {
-            if !d.st.pending.is_empty() {
-                d.st.poll(E::done);
-            }
+            d.st.poll(E::done);
             r.free = d.st.evict((d.st.c.cached - share) as usize).0;
         }
         r
@@ -536,9 +526,7 @@ impl<E: GpuEvent> Core<E> {
             if cs.detached {
                 continue;
             }
-            if !cs.st.pending.is_empty() {
-                cs.st.poll(E::done);
-            }
+            cs.st.poll(E::done);
             total += cs.st.c.cached;
         }
         total += lock(&self.depot).st.c.cached;
@@ -560,9 +548,7 @@ impl<E: GpuEvent> Core<E> {
         }
         let (blocks, bytes) = {
             let mut d = lock(&self.depot);
-            if !d.st.pending.is_empty() {
-                d.st.poll(E::done);
-            }
+            d.st.poll(E::done);
             let excess = (d.st.c.cached + in_caches - keep as i64).max(0) as usize;
             d.st.evict(excess)
         };
@@ -585,17 +571,13 @@ impl<E: GpuEvent> Core<E> {
             if cs.detached {
                 continue;
             }
-            if !cs.st.pending.is_empty() {
-                cs.st.poll(E::done);
-            }
+            cs.st.poll(E::done);
             pending += cs.st.pending.len();
             sum.add(&cs.st.c);
         }
         {
             let mut d = lock(&self.depot);
-            if !d.st.pending.is_empty() {
-                d.st.poll(E::done);
-            }
+            d.st.poll(E::done);
             pending += d.st.pending.len();
             sum.add(&d.st.c);
         }

@@ -120,6 +120,7 @@ impl<E> State<E> {
     }
 
     /// Moves the pending blocks whose events have all completed to the free lists.
+    #[inline]
     pub(super) fn poll(&mut self, done: impl Fn(&E) -> bool) {
         let mut i = 0;
         while i < self.pending.len() {
