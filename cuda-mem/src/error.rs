@@ -17,6 +17,15 @@ use cuda_mem_sys as sys;
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// [`Misuse::InvalidArgument`] of `op` for `reason`, as an [`Error`].
+pub(crate) fn invalid_argument(op: &'static str, reason: impl Into<String>) -> Error {
+    Misuse::InvalidArgument {
+        op,
+        reason: reason.into(),
+    }
+    .into()
+}
+
 /// A raw `cudaError_t` value. Any `u32` is valid: codes this crate's header does not know keep
 /// their number, and [`ErrorCode::name`] then says so.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

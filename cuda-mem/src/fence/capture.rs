@@ -28,7 +28,7 @@ use std::thread::{self, ThreadId};
 
 use cuda_mem_sys as sys;
 
-use crate::error::{check, Misuse, Result};
+use crate::error::{check, invalid_argument, Result};
 use crate::handles::stream::StreamInner;
 
 /// Captures open through the crate, in the whole process.
@@ -279,7 +279,7 @@ pub(crate) fn refuse_foreign_capture(s: &StreamInner) -> Result<()> {
     if status == S::cudaStreamCaptureStatusNone {
         Ok(())
     } else {
-        Err(misuse("queueing work", FOREIGN_CAPTURE))
+        Err(invalid_argument("queueing work", FOREIGN_CAPTURE))
     }
 }
 
@@ -351,15 +351,6 @@ fn drain_legacy(device: i32) -> Result<()> {
     })?;
     LEGACY_DRAINED[d].fetch_max(marked, Ordering::AcqRel);
     Ok(())
-}
-
-/// `Misuse::InvalidArgument` for `op` with `reason`.
-pub(crate) fn misuse(op: &'static str, reason: &str) -> crate::error::Error {
-    Misuse::InvalidArgument {
-        op,
-        reason: reason.to_string(),
-    }
-    .into()
 }
 
 /// The refusal of host access (or a host wait) on a buffer an open capture uses.

@@ -17,10 +17,11 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use self::capture::{any_open, capture_of, is_legacy, misuse, Relaxed, GRAPH_MEMORY};
+use self::capture::{any_open, capture_of, is_legacy, Relaxed, GRAPH_MEMORY};
 pub(crate) use self::tracker::Access;
 pub(crate) use self::tracker::Backend;
 use self::tracker::Tracker;
+use crate::error::invalid_argument;
 use crate::error::{Error, Result};
 use crate::handles::devices::Device;
 use crate::handles::event::Event;
@@ -86,7 +87,7 @@ impl Backend for Cuda {
                         capture: 0,
                     })
                 } else {
-                    Err(misuse("fence", capture::LEGACY_PENDING))
+                    Err(invalid_argument("fence", capture::LEGACY_PENDING))
                 };
             }
             capture = capture_of(stream).unwrap_or(0);
@@ -127,13 +128,15 @@ impl Backend for Cuda {
                     capture::join(c, stream);
                     return Ok(());
                 }
-                (c, _) if c != 0 => return Err(misuse("fence", capture::OUTSIDE_CAPTURE)),
+                (c, _) if c != 0 => {
+                    return Err(invalid_argument("fence", capture::OUTSIDE_CAPTURE))
+                }
                 // A captured stream never waits for work outside its capture (`skip`).
-                (_, Some(_)) => return Err(misuse("fence", capture::OUTSIDE_CAPTURE)),
+                (_, Some(_)) => return Err(invalid_argument("fence", capture::OUTSIDE_CAPTURE)),
                 _ => {}
             }
             if is_legacy(stream) {
-                return Err(misuse("fence", capture::LEGACY_DURING_CAPTURE));
+                return Err(invalid_argument("fence", capture::LEGACY_DURING_CAPTURE));
             }
         }
         e.wait_on_inner(stream)
@@ -153,7 +156,9 @@ impl Backend for Cuda {
     fn sync_event(event: &FenceEvent) -> Result<()> {
         match &event.event {
             None => Ok(()),
-            Some(_) if event.capture != 0 => Err(misuse("host wait", capture::HOST_DURING_CAPTURE)),
+            Some(_) if event.capture != 0 => {
+                Err(invalid_argument("host wait", capture::HOST_DURING_CAPTURE))
+            }
             Some(e) => {
                 let _relaxed = Relaxed::new();
                 e.synchronize()
@@ -167,11 +172,11 @@ impl Backend for Cuda {
                 return if capture::legacy_done(stream.device()) {
                     Ok(())
                 } else {
-                    Err(misuse("host wait", capture::LEGACY_PENDING))
+                    Err(invalid_argument("host wait", capture::LEGACY_PENDING))
                 };
             }
             if capture_of(stream).is_some() {
-                return Err(misuse("host wait", capture::STREAM_CAPTURING));
+                return Err(invalid_argument("host wait", capture::STREAM_CAPTURING));
             }
         }
         let _relaxed = Relaxed::new();
@@ -305,17 +310,20 @@ impl Fence {
         let bound = self.capture.load(Ordering::Acquire);
         let token = bound & !GRAPH_MEMORY;
         if bound & GRAPH_MEMORY != 0 && !capture::is_open(token) {
-            return Err(misuse("queueing work", capture::GRAPH_MEMORY_ESCAPED));
+            return Err(invalid_argument(
+                "queueing work",
+                capture::GRAPH_MEMORY_ESCAPED,
+            ));
         }
         if !any_open() {
             return Ok(None);
         }
         if is_legacy(stream) {
-            return Err(misuse(OP, capture::LEGACY_DURING_CAPTURE));
+            return Err(invalid_argument(OP, capture::LEGACY_DURING_CAPTURE));
         }
         match capture_of(stream) {
             Some(c) if c == token => Ok(None),
-            Some(_) => Err(misuse(OP, capture::NOT_GIVEN)),
+            Some(_) => Err(invalid_argument(OP, capture::NOT_GIVEN)),
             None if token != 0 && capture::owns(token) => Ok(Some(JoinPermit::new(token))),
             None => Ok(None),
         }
@@ -330,10 +338,10 @@ impl Fence {
         }
         let token = bound & !GRAPH_MEMORY;
         if capture::is_open(token) {
-            return Err(misuse("host wait", capture::HOST_DURING_CAPTURE));
+            return Err(invalid_argument("host wait", capture::HOST_DURING_CAPTURE));
         }
         if bound & GRAPH_MEMORY != 0 {
-            return Err(misuse("host wait", capture::GRAPH_MEMORY_ESCAPED));
+            return Err(invalid_argument("host wait", capture::GRAPH_MEMORY_ESCAPED));
         }
         Ok(())
     }
@@ -347,7 +355,7 @@ impl Fence {
         {
             Ok(_) => Ok(()),
             Err(t) if t == token => Ok(()),
-            Err(_) => Err(misuse("Stream::capture", capture::GIVEN_TWICE)),
+            Err(_) => Err(invalid_argument("Stream::capture", capture::GIVEN_TWICE)),
         }
     }
 
@@ -376,11 +384,11 @@ impl Fence {
                 .origin()
                 .is_some_and(|o| capture_of(o) == Some(token));
             if !origin_in || !capture::note_free(token) {
-                return Err(misuse("free", capture::GRAPH_MEMORY_ESCAPED));
+                return Err(invalid_argument("free", capture::GRAPH_MEMORY_ESCAPED));
             }
         } else if any_open() {
             if self.core.origin().is_some_and(|o| is_legacy(o)) {
-                return Err(misuse("free", capture::LEGACY_DURING_CAPTURE));
+                return Err(invalid_argument("free", capture::LEGACY_DURING_CAPTURE));
             }
             let _join = self
                 .core
@@ -463,7 +471,7 @@ impl Fence {
         let mut out = Vec::with_capacity(events.len());
         for e in events {
             if e.capture != 0 {
-                return Err(misuse("retire", capture::HOST_DURING_CAPTURE));
+                return Err(invalid_argument("retire", capture::HOST_DURING_CAPTURE));
             }
             if let Some(ev) = &e.event {
                 out.push(ev.clone());

@@ -65,14 +65,7 @@ use std::time::Duration;
 use crate::error::{Error, Misuse, Result};
 use crate::handles::devices::Device;
 
-/// The misuse refusal of an IPC call: `op` refused, for `reason`.
-fn refuse(op: &'static str, reason: impl Into<String>) -> Error {
-    Misuse::InvalidArgument {
-        op,
-        reason: reason.into(),
-    }
-    .into()
-}
+use crate::error::invalid_argument as refuse;
 
 /// How long [`Exporter`]'s drop waits for the importer's close, and [`Importer`]'s drop for
 /// sending it.

@@ -23,8 +23,9 @@ use cuda_mem_sys as sys;
 
 use crate::contract::buffer::{Allocation, Buffer as OwnedBuffer};
 use crate::contract::memory::sealed::Async;
+use crate::error::invalid_argument;
 use crate::error::{check, Result};
-use crate::fence::capture::{self, misuse, Relaxed};
+use crate::fence::capture::{self, Relaxed};
 use crate::fence::{Access, Fence, Use};
 use crate::handles::devices::Device;
 use crate::handles::event::Event;
@@ -267,7 +268,8 @@ impl Open {
         let r = check(code, || format!("cudaStreamEndCapture({:?})", self.origin))
             .and(joined)
             .and_then(|()| {
-                graph.ok_or_else(|| misuse("Stream::capture", "the capture made no graph"))
+                graph
+                    .ok_or_else(|| invalid_argument("Stream::capture", "the capture made no graph"))
             });
         (r, allocs)
     }
@@ -290,7 +292,7 @@ where
     const OP: &str = "Stream::capture";
     let inner = stream.inner();
     if capture::is_legacy(inner) {
-        return Err(misuse(OP, LEGACY_CAPTURE));
+        return Err(invalid_argument(OP, LEGACY_CAPTURE));
     }
     inner.check_current(OP)?;
     let _g = inner.enter()?;
@@ -317,10 +319,10 @@ where
     r?;
     let graph = graph?;
     if allocs > 0 {
-        return Err(misuse(OP, GRAPH_MEMORY_KEPT));
+        return Err(invalid_argument(OP, GRAPH_MEMORY_KEPT));
     }
     if !same {
-        return Err(misuse(OP, RESOURCES_CHANGED));
+        return Err(invalid_argument(OP, RESOURCES_CHANGED));
     }
     Ok(graph)
 }
@@ -468,7 +470,7 @@ impl<R: GraphResources> GraphExec<R> {
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         const OP: &str = "GraphExec::launch";
         if !names_captured(&self.res, &self.captured) {
-            return Err(misuse(OP, RESOURCES_CHANGED));
+            return Err(invalid_argument(OP, RESOURCES_CHANGED));
         }
         let _g = stream.inner().enter()?;
         let mut uses: Vec<Use<'_>> = Vec::new();
@@ -498,7 +500,7 @@ impl<R: GraphResources> GraphExec<R> {
     /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
         if !names_captured(&self.res, &self.captured) {
-            return Err(misuse("GraphExec::upload", RESOURCES_CHANGED));
+            return Err(invalid_argument("GraphExec::upload", RESOURCES_CHANGED));
         }
         let _g = stream.inner().enter()?;
         let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
