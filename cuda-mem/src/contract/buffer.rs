@@ -193,11 +193,6 @@ impl<T: Pod, A: Allocation> Buffer<T, A> {
         self.ptr.as_ptr()
     }
 
-    /// The allocation: how the memory was obtained (its flags, pool, device).
-    pub fn allocation(&self) -> &A {
-        &self.alloc
-    }
-
     /// Waits for all pending work recorded on this buffer.
     pub fn synchronize(&self) -> Result<()> {
         self.fence.host_wait(Access::Write)

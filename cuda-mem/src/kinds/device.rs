@@ -75,7 +75,7 @@ impl Alloc for DeviceMemory {
 
 impl DeviceMemory {
     /// The pool of a stream-ordered allocation.
-    pub fn pool(&self) -> Option<&MemPool> {
+    pub(crate) fn pool(&self) -> Option<&MemPool> {
         self.pooled.as_ref().map(Pooled::pool)
     }
 }

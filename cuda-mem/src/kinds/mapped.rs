@@ -46,7 +46,7 @@ pub struct MappedMemory {
 
 impl MappedMemory {
     /// The flags the memory was allocated with (MAPPED among them).
-    pub fn flags(&self) -> HostAllocFlags {
+    pub(crate) fn flags(&self) -> HostAllocFlags {
         self.pinned.flags()
     }
 }

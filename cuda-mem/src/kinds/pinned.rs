@@ -110,12 +110,12 @@ impl PinnedMemory {
     }
 
     /// The flags the memory was allocated with.
-    pub fn flags(&self) -> HostAllocFlags {
+    pub(crate) fn flags(&self) -> HostAllocFlags {
         self.flags
     }
 
     /// The pool of a stream-ordered allocation.
-    pub fn pool(&self) -> Option<&MemPool> {
+    pub(crate) fn pool(&self) -> Option<&MemPool> {
         match &self.source {
             Source::Pooled(p) => Some(p.pool()),
             _ => None,
