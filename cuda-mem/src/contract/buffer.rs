@@ -2,9 +2,9 @@
 //! element type, fence) and an [`Allocation`] value that says how the memory was obtained
 //! and how it goes back. `Drop`, [`free`](Buffer::free), [`into_raw`](Buffer::into_raw), the
 //! accessors, host access and the sealed copy and device-pointer traits are written here,
-//! once; the kinds (`DeviceBuffer`, `PinnedBuffer`, `ManagedBuffer`, `MappedBuffer`) are
-//! `Buffer` with their allocation, plus the constructors and operations that make sense for
-//! them.
+//! once; the kinds (`DeviceBuffer`, `PinnedBuffer`, `ManagedBuffer`, `MappedBuffer`, and
+//! `ipc::ImportedBuffer`) are `Buffer` with their allocation, plus the constructors and
+//! operations that make sense for them.
 //!
 //! Alignment is checked once too: every constructor places its allocation through
 //! [`Layout`](crate::contract::layout::Layout) before it becomes a `Buffer`.
@@ -95,8 +95,8 @@ impl<A: sealed::HostAlloc> HostAllocation for A {}
 
 /// An owned buffer of `T` in memory of the kind `A`, freed on drop the way it was allocated:
 /// [`DeviceBuffer`](crate::DeviceBuffer), [`PinnedBuffer`](crate::PinnedBuffer),
-/// [`ManagedBuffer`](crate::ManagedBuffer) and [`MappedBuffer`](crate::MappedBuffer) are this
-/// type.
+/// [`ManagedBuffer`](crate::ManagedBuffer), [`MappedBuffer`](crate::MappedBuffer) and
+/// [`ImportedBuffer`](crate::ipc::ImportedBuffer) (another process's memory) are this type.
 ///
 /// Every buffer holds at least one element, carries a fence that records the GPU work queued
 /// on it (host access, [`free`](Self::free), [`into_raw`](Self::into_raw) and drop wait for
@@ -226,7 +226,8 @@ impl<T: Pod, A: Allocation> Buffer<T, A> {
     /// Gives up ownership of the memory, for another library or C++ code to free with the
     /// call that matches how it was allocated (`cudaFree` for device and managed memory,
     /// `cudaFreeHost` for pinned and mapped memory, `cudaFreeAsync` or `cudaFree` for memory
-    /// from a pool). Pending work recorded on the buffer is waited for first; if that wait
+    /// from a pool; for another process's memory, the call that closes its mapping, see
+    /// [`ImportedBuffer`](crate::ipc::ImportedBuffer)). Pending work recorded on the buffer is waited for first; if that wait
     /// fails, the memory is leaked (as by `free`) and the error returned.
     ///
     /// A pinned buffer from a [`PinnedPool`](crate::PinnedPool) leaves the pool (free it with

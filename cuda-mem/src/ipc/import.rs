@@ -1,7 +1,7 @@
-//! The importing side: [`ImportedBuffer`], another process's device memory mapped here, and
-//! [`Importer`], which holds it under the channel's protocol.
+//! The importing side: [`ImportedBuffer`] (a [`Buffer`] over [`ImportedMemory`]), another
+//! process's device memory mapped here, and [`Importer`], which holds it under the channel's
+//! protocol.
 
-use std::marker::PhantomData;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::time::Duration;
@@ -13,13 +13,52 @@ use super::channel::Channel;
 use super::wire::{HandleKind, IpcHandle, Message};
 use super::{device_by_bus_id, note, process_tag, refuse, unexpected, DROP_TIMEOUT};
 use crate::alloc::pool::{MemPool, PoolAccess};
-use crate::contract::memory::{sealed, Loc};
-use crate::error::{check, Misuse, Result};
+use crate::contract::buffer::sealed::Alloc;
+use crate::contract::buffer::Buffer;
+use crate::contract::layout::Layout;
+use crate::contract::memory::Loc;
+use crate::contract::size;
+use crate::error::{check, Result};
 use crate::fence::{Access, Fence};
 use crate::handles::devices::{require_same, Device};
 use crate::handles::event::{Event, IPC_EVENT_HANDLE_LEN};
 use crate::handles::stream::Stream;
 use crate::ops::view::{Slice, ViewMut};
+
+/// Device memory of another process, mapped into this one: `len` elements of `T`. It is a
+/// [`Buffer`] like [`DeviceBuffer`](crate::DeviceBuffer), with its accessors
+/// ([`len`](Buffer::len), [`as_ptr`](Buffer::as_ptr), [`synchronize`](Buffer::synchronize),
+/// ...) and its fence: copies, views, memsets, graphs and kernel guards
+/// ([`DevicePtr`](crate::DevicePtr)) take it like any other buffer.
+///
+/// Dropped (or [`free`](Buffer::free)d, which reports the error drop ignores), it waits for
+/// the work recorded on it and unmaps the memory: `cudaIpcCloseMemHandle` for a
+/// [`HandleKind::Legacy`] handle, `cudaFree` of the imported pointer (then the imported pool's
+/// handle goes) for a [`HandleKind::Pool`] one; when that wait fails the mapping is leaked
+/// instead, never unmapped under running work.
+///
+/// [`into_raw`](Buffer::into_raw) waits for that work too, and hands the mapping over
+/// instead of closing it: the caller closes it with the call named above, on the buffer's
+/// [`device`](Self::device). The imported pool's handle is let go; the runtime keeps a pool
+/// alive while pointers from it are outstanding, as for
+/// [`DeviceBuffer::from_pool`](crate::DeviceBuffer::from_pool)'s `into_raw`. The exporter
+/// learns nothing from any of these: opened alone ([`open`](Self::open)), from a handle that
+/// came through any channel, telling it is the caller's part. An [`Importer`] never hands its
+/// buffer out (only `&ImportedBuffer` and views of it): the buffer ends in the importer's
+/// [`close`](Importer::close) or drop, which send `Closed` after the unmap; a forgotten
+/// `Importer` keeps its mapping and sends nothing, and the exporter leaks the memory after
+/// its bound.
+pub type ImportedBuffer<T> = Buffer<T, ImportedMemory>;
+
+/// How an [`ImportedBuffer`]'s memory was mapped into this process, on which device, and how
+/// the mapping is undone: `cudaIpcOpenMemHandle` → `cudaIpcCloseMemHandle`, or
+/// `cudaMemPoolImportPointer` → `cudaFree` (the imported pool kept until then).
+#[derive(Debug)]
+pub struct ImportedMemory {
+    /// The device the memory is mapped on (the importing stream's).
+    device: Device,
+    source: Source,
+}
 
 /// How an imported mapping is undone.
 #[derive(Debug)]
@@ -33,40 +72,46 @@ enum Source {
     },
 }
 
-/// Device memory of another process, mapped into this one: `len` elements of `T`. Copies,
-/// views, memsets and kernel guards take it like a [`DeviceBuffer`](crate::DeviceBuffer); it
-/// carries a fence like one. Dropped (or [`close`](Self::close)d), it waits for the work
-/// recorded on it and unmaps the memory (`cudaIpcCloseMemHandle`, or `cudaFree` of an
-/// imported pool pointer); when that wait fails the mapping is leaked instead.
-///
-/// Opened alone ([`open`](Self::open)), from a handle that came through any channel, the
-/// exporter does not learn when it is closed: that is [`Importer`]'s part.
-pub struct ImportedBuffer<T: Pod> {
-    ptr: NonNull<T>,
-    len: usize,
-    /// The device the memory is mapped on (the importing stream's).
-    device: i32,
-    fence: Fence,
-    source: Source,
-    kind: HandleKind,
-    _owns: PhantomData<T>,
+impl ImportedMemory {
+    fn kind(&self) -> HandleKind {
+        match self.source {
+            Source::Legacy => HandleKind::Legacy,
+            Source::Pool { .. } => HandleKind::Pool,
+        }
+    }
+
+    /// Undoes the mapping at `ptr`. Callers make sure no work uses it any more and never use
+    /// the address again, whatever the outcome.
+    fn unmap(&self, ptr: NonNull<u8>) -> Result<()> {
+        let _g = self.device.guard().ok();
+        let p = ptr.as_ptr().cast::<std::os::raw::c_void>();
+        match &self.source {
+            // SAFETY: a mapping of `cudaIpcOpenMemHandle`, unmapped once (the callers' rule),
+            // after all work on it; the address is never used again.
+            Source::Legacy => check(unsafe { sys::cudaIpcCloseMemHandle(p) }, || {
+                format!("cudaIpcCloseMemHandle({p:p})")
+            }),
+            // SAFETY: an imported pool pointer, freed once, after all work on it (the runtime
+            // documents `cudaFree` for imported pointers); its pool is alive (`self`).
+            Source::Pool { .. } => check(unsafe { sys::cudaFree(p) }, || {
+                format!("cudaFree({p:p}) of an imported pool pointer")
+            }),
+        }
+    }
 }
 
-// SAFETY: the mapping is owned by the value alone (like `DeviceBuffer`); device memory may be
-// used and unmapped from any host thread, and the pool handle is a thread-safe runtime handle.
-unsafe impl<T: Pod + Send> Send for ImportedBuffer<T> {}
-// SAFETY: `&ImportedBuffer` allows reads and fence waits only, thread-safe runtime calls; the
-// fence's state is behind its mutex.
-unsafe impl<T: Pod + Sync> Sync for ImportedBuffer<T> {}
+impl Alloc for ImportedMemory {
+    const LOC: Loc = Loc::Device;
+    const KIND: &'static str = "ImportedBuffer";
 
-impl<T: Pod> std::fmt::Debug for ImportedBuffer<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ImportedBuffer")
-            .field("ptr", &self.ptr)
-            .field("len", &self.len)
-            .field("device", &self.device)
-            .field("kind", &self.kind)
-            .finish()
+    fn located_on(&self) -> Option<Device> {
+        Some(self.device)
+    }
+
+    fn release(&mut self, ptr: NonNull<u8>, _bytes: usize, fence: &mut Fence) -> Result<()> {
+        // A failed wait leaks the mapping: the work may still use it.
+        fence.host_wait_mut(Access::Write)?;
+        self.unmap(ptr)
     }
 }
 
@@ -82,14 +127,19 @@ impl<T: Pod> ImportedBuffer<T> {
     /// other processes only); the exporter's device not visible here; another device without
     /// peer access to it; a pool handle without its descriptor. CUDA refuses the rest (a
     /// forged handle, one of freed memory, a sandbox without IPC) with its own error code,
-    /// kept.
+    /// kept. An address CUDA maps that is not aligned for `T` is unmapped and refused with
+    /// [`Misuse::Misaligned`].
     ///
     /// # Safety
     /// Outside the [`Exporter`](super::Exporter) / [`Importer`] protocol nothing keeps the
     /// exporter from freeing or writing the memory while this mapping is used: the caller
-    /// promises that the exporting process keeps it allocated until this buffer is dropped,
+    /// promises that the exporting process keeps it allocated until this buffer is dropped
+    /// (or freed; after [`into_raw`](Buffer::into_raw), until the caller closes the mapping),
     /// and writes it only when this process's work on it is done (as the exporter's
     /// `Closed`/`Pass` messages guarantee to an [`Importer`]).
+    ///
+    /// [`Misuse::InvalidArgument`]: crate::Misuse::InvalidArgument
+    /// [`Misuse::Misaligned`]: crate::Misuse::Misaligned
     pub unsafe fn open(
         handle: &IpcHandle,
         pool_fd: Option<OwnedFd>,
@@ -115,6 +165,8 @@ impl<T: Pod> ImportedBuffer<T> {
                 ),
             ));
         }
+        let len = handle.len();
+        size::alloc_bytes::<T>(len, OP)?;
         if handle.process == process_tag() {
             return Err(refuse(
                 OP,
@@ -185,31 +237,23 @@ impl<T: Pod> ImportedBuffer<T> {
                 Source::Pool { _pool: pool }
             }
         };
-        let mut buf = ImportedBuffer {
-            // Replaced below; never used while dangling (the fence is idle, `unmap` is the
-            // only user and runs only with the real address).
-            ptr: NonNull::dangling(),
-            len: handle.len(),
-            device: here.ordinal(),
-            fence: Fence::default(),
+        let alloc = ImportedMemory {
+            device: here,
             source,
-            kind: handle.kind(),
-            _owns: PhantomData,
         };
-        let Some(ptr) = NonNull::new(raw.cast::<T>()) else {
-            buf.len = 0; // nothing to unmap
-            return Err(Misuse::NullPointer { op: OP }.into());
+        // Memory made elsewhere: any alignment its address has is accepted (`adopt`).
+        let ptr = match Layout::adopt(raw.cast::<T>(), len, OP) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                // Unmapped at once (nothing was queued on it); a null address mapped nothing.
+                if let Some(p) = NonNull::new(raw.cast::<u8>()) {
+                    let _ = alloc.unmap(p);
+                }
+                return Err(e);
+            }
         };
-        buf.ptr = ptr;
-        if (raw as usize) % std::mem::align_of::<T>() != 0 {
-            let e = Misuse::Misaligned {
-                addr: raw as usize,
-                align: std::mem::align_of::<T>(),
-            };
-            drop(buf); // unmapped: nothing was queued on it
-            return Err(e.into());
-        }
-        // From here on an error drops `buf`, which unmaps it (its fence is idle or waits).
+        let mut buf = Buffer::from_parts(ptr, len, Fence::default(), alloc);
+        // From here on an error drops `buf`, which unmaps it (its fence is idle).
         let event = Event::open_ipc(&handle.event, owner)?;
         let _s = stream.inner().enter()?;
         event.wait_on(stream)?;
@@ -217,118 +261,21 @@ impl<T: Pod> ImportedBuffer<T> {
         Ok((buf, event))
     }
 
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Always false: buffers hold at least one element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Size in bytes.
-    pub fn byte_len(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-
-    /// The device the memory is mapped on.
+    /// The device the memory is mapped on (the opening stream's), which its copies run on.
     pub fn device(&self) -> Device {
-        Device::from_ordinal_unchecked(self.device)
+        self.alloc.device
     }
 
     /// How the memory was shared.
     pub fn kind(&self) -> HandleKind {
-        self.kind
-    }
-
-    /// The device address. A raw address: for GPU work take it from
-    /// [`device_ptr`](crate::DevicePtr::device_ptr) instead, which orders and records it.
-    pub fn as_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
-    }
-
-    /// Waits for all pending work recorded on this buffer.
-    pub fn synchronize(&self) -> Result<()> {
-        self.fence.host_wait(Access::Write)
+        self.alloc.kind()
     }
 
     /// Copies the buffer to a new `Vec`, after the work it must follow.
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        let mut v = vec![T::zeroed(); self.len];
+        let mut v = vec![T::zeroed(); self.len()];
         crate::transfer::copy(&mut v, self)?;
         Ok(v)
-    }
-
-    /// Unmaps the memory now, after the work recorded on it, and reports failure, which drop
-    /// ignores. When the wait fails the mapping is leaked, never unmapped under running work.
-    pub fn close(mut self) -> Result<()> {
-        let r = self.unmap();
-        // Unmapped (or leaked on purpose): drop must not unmap again.
-        self.len = 0;
-        r
-    }
-
-    fn unmap(&mut self) -> Result<()> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.fence.host_wait_mut(Access::Write)?;
-        let _g = Device::from_ordinal_unchecked(self.device).guard().ok();
-        let p = self.ptr.as_ptr().cast::<std::os::raw::c_void>();
-        self.len = 0;
-        match &self.source {
-            // SAFETY: a mapping of `cudaIpcOpenMemHandle`, unmapped once (len is 0 now), after
-            // all work recorded on it; the address is never used again.
-            Source::Legacy => check(unsafe { sys::cudaIpcCloseMemHandle(p) }, || {
-                format!("cudaIpcCloseMemHandle({p:p})")
-            }),
-            // SAFETY: an imported pool pointer, freed once, after all work recorded on it (the
-            // runtime documents `cudaFree` for imported pointers).
-            Source::Pool { .. } => check(unsafe { sys::cudaFree(p) }, || {
-                format!("cudaFree({p:p}) of an imported pool pointer")
-            }),
-        }
-    }
-}
-
-impl<T: Pod> Drop for ImportedBuffer<T> {
-    fn drop(&mut self) {
-        // Errors are ignored (drop never panics); a failed wait leaks the mapping.
-        let _ = self.unmap();
-    }
-}
-
-impl<T: Pod> sealed::Raw<T> for ImportedBuffer<T> {
-    fn raw_ptr(&self) -> *const T {
-        self.ptr.as_ptr()
-    }
-    fn raw_len(&self) -> usize {
-        self.len
-    }
-    fn loc(&self) -> Loc {
-        Loc::Device
-    }
-    fn fence(&self) -> Option<&Fence> {
-        Some(&self.fence)
-    }
-    fn device_ordinal(&self) -> Option<i32> {
-        Some(self.device)
-    }
-}
-
-impl<T: Pod> sealed::RawMut<T> for ImportedBuffer<T> {
-    fn raw_mut_ptr(&mut self) -> *mut T {
-        self.ptr.as_ptr()
-    }
-}
-
-impl<T: Pod> sealed::Async<T> for ImportedBuffer<T> {
-    fn device_addr(&self) -> Result<*const T> {
-        Ok(self.ptr.as_ptr())
-    }
-    fn async_fence(&self) -> &Fence {
-        &self.fence
     }
 }
 
@@ -452,9 +399,9 @@ impl<T: Pod> Importer<T> {
     pub fn pass(&mut self, stream: &Stream) -> Result<()> {
         const OP: &str = "Importer::pass";
         let buf = self.check_held(OP)?;
-        require_same(OP, buf.device, stream.inner().device())?;
+        let device = buf.device();
+        require_same(OP, device.ordinal(), stream.inner().device())?;
         stream.inner().check_current(OP)?;
-        let device = Device::from_ordinal_unchecked(buf.device);
         let _g = stream.inner().enter()?;
         if self.event.is_none() {
             let e = Event::interprocess(device)?;
@@ -492,7 +439,7 @@ impl<T: Pod> Importer<T> {
         if self.held {
             return Err(refuse(OP, "this side holds the buffer already"));
         }
-        require_same(OP, buf.device, stream.inner().device())?;
+        require_same(OP, buf.device().ordinal(), stream.inner().device())?;
         stream.inner().check_current(OP)?;
         let (msg, _fd) = self.chan.recv(timeout)?;
         let Message::Pass { generation, event } = msg else {
@@ -508,7 +455,7 @@ impl<T: Pod> Importer<T> {
             ));
         }
         if self.peer_event.as_ref().is_none_or(|(h, _)| *h != event) {
-            let owner = Device::from_ordinal_unchecked(buf.device);
+            let owner = buf.device();
             self.peer_event = Some((event, Event::open_ipc(&event, owner)?));
         }
         let (Some(buf), Some((_, peer))) = (&self.buf, &self.peer_event) else {
@@ -534,7 +481,9 @@ impl<T: Pod> Importer<T> {
         let Some(buf) = self.buf.take() else {
             return Ok(());
         };
-        buf.close()?;
+        // Waits for all work recorded on the buffer, then unmaps it; on error the mapping is
+        // leaked and the exporter is not told (it leaks the memory too).
+        buf.free()?;
         // The exporter destroys its event once told; this side's handle of it goes first.
         self.peer_event = None;
         // This side's event may have a wait queued in the exporter: let it complete first.

@@ -10,8 +10,9 @@
 //!
 //! The exporter hands its buffer to an [`Exporter`], which owns it from then on, over a
 //! [`Channel`] (a Unix socket); the other process's [`Importer`] opens it as an
-//! [`ImportedBuffer`], a typed buffer that copies, views, memsets and kernel guards
-//! ([`DevicePtr`](crate::DevicePtr)) take like any other, and that is unmapped when closed.
+//! [`ImportedBuffer`], a [`Buffer`](crate::Buffer) over [`ImportedMemory`] that copies, views,
+//! memsets and kernel guards ([`DevicePtr`](crate::DevicePtr)) take like any other, and that
+//! is unmapped when the importer closes it.
 //!
 //! **Ordering.** The buffer is held by one side at a time, and passes with a message
 //! ([`Exporter::pass`], [`Importer::pass`]) that carries an interprocess event recorded after
@@ -57,7 +58,7 @@ mod wire;
 
 pub use channel::{Channel, Listener};
 pub use export::{Back, Exporter};
-pub use import::{ImportedBuffer, Importer};
+pub use import::{ImportedBuffer, ImportedMemory, Importer};
 pub use wire::{HandleKind, IpcHandle};
 
 use std::time::Duration;

@@ -17,7 +17,7 @@ use cuda_mem::{
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{gpu_or_skip, run_child, still_pending};
 
-use crate::{first_not_written, SPIN};
+use crate::{first_not_written, pattern, SPIN};
 
 const SOCKET: &str = "CUDA_MEM_IPC_SOCKET";
 const ROLE: &str = "CUDA_MEM_IPC_ROLE";
@@ -169,6 +169,51 @@ fn ipc_child() {
                 Ok(_) => println!("STALE OPENED"),
                 Err(e) => println!("STALE code={:?} {e}", e.code().map(|c| c.0)),
             }
+        }
+        "alone" => {
+            // Takes the handle from an importer it closes at once; once the exporter says so
+            // (a byte on the second connection), opens it alone, twice: a write pending at
+            // `free`, then one pending at `into_raw`, whose mapping this side closes itself.
+            let mut signal = UnixStream::connect(&path).unwrap();
+            let Some(imp) = accept(chan) else { return };
+            let handle: IpcHandle = *imp.handle();
+            imp.close().unwrap();
+            let mut b = [0];
+            signal.read_exact(&mut b).unwrap();
+            let probes = Probes::load().unwrap();
+            // SAFETY: the exporter keeps the memory and its event, and leaves them alone,
+            // until this side's byte below.
+            let open = || unsafe { ImportedBuffer::<u32>::open(&handle, None, &s) }.unwrap();
+            let mut buf = open();
+            println!(
+                "CHILD KIND {:?} LEN {} SAME-DEVICE {} READ {}",
+                buf.kind(),
+                buf.len(),
+                buf.device() == s.device(),
+                buf.to_vec().unwrap() == pattern(buf.len(), 7)
+            );
+            probes.spin(SPIN, &s).unwrap();
+            memset_async(&mut buf, 0x11, &s).unwrap();
+            let pending = !s.is_idle().unwrap();
+            buf.free().unwrap();
+            // (Opened again and dropped at once: one mapping of the handle at a time.)
+            let freed = open().to_vec().unwrap().iter().all(|&w| w == 0x1111_1111);
+            println!("CHILD FREE PENDING {pending} WRITTEN {freed}");
+            let mut buf = open();
+            let bytes = buf.byte_len();
+            probes.spin(SPIN, &s).unwrap();
+            {
+                let w = buf.device_ptr_mut(&s).unwrap();
+                // SAFETY: the guard's device memory, written on its stream while it lives.
+                unsafe { probes.write(w.as_mut_ptr().cast(), bytes, &s).unwrap() };
+            }
+            let pending = !s.is_idle().unwrap();
+            let (p, len) = buf.into_raw().unwrap();
+            let idle = s.is_idle().unwrap();
+            // SAFETY: the mapping `into_raw` handed over, closed once, its work done.
+            let code = unsafe { sys::cudaIpcCloseMemHandle(p.cast()) };
+            println!("CHILD RAW PENDING {pending} IDLE {idle} LEN {len} CLOSE {code:?}");
+            signal.write_all(&[1]).unwrap();
         }
         r => panic!("unknown role {r}"),
     }
@@ -522,6 +567,75 @@ fn a_handle_of_freed_memory_is_cudas_error() {
         line.starts_with("STALE code=Some("),
         "opening a freed buffer's handle did not fail: {out}"
     );
+}
+
+/// `ImportedBuffer` is the shared `Buffer`: opened alone (outside the protocol, legacy handle),
+/// it has a `DeviceBuffer`'s accessors and guards, reads the exporter's data, and its `free`
+/// and `into_raw` wait for a write still pending on it before the mapping goes (`free`
+/// unmaps it, `into_raw` hands it over open: the child's own `cudaIpcCloseMemHandle`
+/// succeeds). Unmapping under the pending write would fault it or lose it, which the data
+/// the exporter reads afterwards shows.
+#[test]
+fn an_imported_buffer_opened_alone_unmaps_only_after_its_work() {
+    const TEST: &str = "an_imported_buffer_opened_alone_unmaps_only_after_its_work";
+    gpu_or_skip!();
+    let s = Stream::non_blocking().unwrap();
+    let (l, child) = spawn("alone");
+    let chan = l.accept(T).unwrap();
+    let mut signal = UnixStream::from(l.accept(T).unwrap().into_fd());
+    let n = 1 << 20;
+    let buf = DeviceBuffer::<u32>::from_slice(&pattern(n, 7)).unwrap();
+    let mut exp = match cuda_mem::ipc::Exporter::offer(buf, chan, &s) {
+        Ok(e) => e,
+        Err(e) if ipc_refused_is_skip(TEST, &e) => return,
+        Err(e) => panic!("{e}"),
+    };
+    // The child's importer closes at once; this side keeps the memory and its event (the
+    // exporter is not closed) while the child opens the handle alone.
+    match exp.take_back(&s, T) {
+        Ok(Back::Closed) => {}
+        Err(e) if ipc_refused_is_skip(TEST, &e) => {
+            drop(exp);
+            join(child);
+            return;
+        }
+        r => panic!("{r:?}"),
+    }
+    signal.write_all(&[1]).unwrap();
+    let mut b = [0];
+    if signal.read_exact(&mut b).is_err() {
+        join(child);
+        panic!("the child closed the connection without its byte");
+    }
+    let buf = exp.close(T).unwrap();
+    let got = buf.to_vec().unwrap();
+    let out = join(child);
+    let line = |m: &str| {
+        out.lines()
+            .find_map(|l| marked(l, m))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("CHILD KIND"),
+        format!("CHILD KIND Legacy LEN {n} SAME-DEVICE true READ true")
+    );
+    let free = line("CHILD FREE");
+    still_pending(
+        free.contains("PENDING true"),
+        &format!("the child's write had finished before free: {free}"),
+    );
+    assert!(free.ends_with("WRITTEN true"), "{free}");
+    let raw = line("CHILD RAW");
+    still_pending(
+        raw.contains("PENDING true"),
+        &format!("the child's write had finished before into_raw: {raw}"),
+    );
+    assert!(
+        raw.ends_with(&format!("IDLE true LEN {n} CLOSE cudaSuccess")),
+        "{raw}"
+    );
+    assert_eq!(first_not_written(&got), None, "the child's last write");
 }
 
 /// Not a GPU test: a truncated offer on the channel is an exact error at the importer, before
