@@ -60,14 +60,36 @@ where
     };
     prepare_sync(src.fence(), src.loc(), &legacy, sr, Access::Read)?;
     prepare_sync(dst.fence(), dst.loc(), &legacy, dr, Access::Write)?;
+    // Between pageable memory and the device, `cudaMemcpyAsync` on the same legacy stream:
+    // it gives the same guarantees at return (a pageable source has been staged, a pageable
+    // destination written: the runtime's "API synchronization behavior"), but does not first
+    // wait for the stream as `cudaMemcpy` does, so back-to-back small copies overlap their
+    // transfers with the next call's staging (as cudarc's and C++'s async copies from
+    // pageable memory do). Every other pair keeps `cudaMemcpy`.
+    let pageable = matches!(
+        (src.loc(), dst.loc()),
+        (Loc::Pageable, Loc::Device) | (Loc::Device, Loc::Pageable)
+    );
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
     // borrowed mutably so nothing else reads or writes it, and pending GPU work on both is
     // ordered before the copy on the device. `T: Pod` makes any bytes written valid. If the
-    // copy outlives this call, it is recorded or completed below before the borrows end.
-    let code = unsafe { sys::cudaMemcpy(d.cast(), s.cast(), bytes, kind) };
+    // copy outlives this call, it is recorded or completed below before the borrows end
+    // (queued on `legacy`, the stream the marks below name).
+    let code = unsafe {
+        if pageable {
+            sys::cudaMemcpyAsync(d.cast(), s.cast(), bytes, kind, legacy.as_raw())
+        } else {
+            sys::cudaMemcpy(d.cast(), s.cast(), bytes, kind)
+        }
+    };
     let result = check(code, || {
         format!(
-            "cudaMemcpy({d:p}, {s:p}, {bytes} bytes, {})",
+            "{}({d:p}, {s:p}, {bytes} bytes, {})",
+            if pageable {
+                "cudaMemcpyAsync"
+            } else {
+                "cudaMemcpy"
+            },
             Loc::kind_name(kind)
         )
     });

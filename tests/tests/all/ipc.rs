@@ -212,7 +212,9 @@ fn ipc_child() {
             let idle = s.is_idle().unwrap();
             // SAFETY: the mapping `into_raw` handed over, closed once, its work done.
             let code = unsafe { sys::cudaIpcCloseMemHandle(p.cast()) };
-            println!("CHILD RAW PENDING {pending} IDLE {idle} LEN {len} CLOSE {code:?}");
+            // (The code's name, not its `Debug` form: bindgen's newtype prints `cudaError(0)`.)
+            let close = cuda_mem::ErrorCode::from(code).name();
+            println!("CHILD RAW PENDING {pending} IDLE {idle} LEN {len} CLOSE {close}");
             signal.write_all(&[1]).unwrap();
         }
         r => panic!("unknown role {r}"),
