@@ -107,11 +107,6 @@ impl Slot {
         }
     }
 
-    /// Whether the owner is inside an operation on `stream` (or on several streams).
-    pub fn is_busy_on(&self, stream: usize) -> bool {
-        self.busy_on(stream).is_some()
-    }
-
     /// The operation a capture begin on `stream` has to wait for, as the slot's sequence
     /// number: the owner is inside an operation on `stream` (or on several streams).
     pub fn busy_on(&self, stream: usize) -> Option<u64> {
@@ -128,7 +123,8 @@ impl Slot {
         self.seq.load(Ordering::Acquire) == seq
     }
 
-    /// Whether no operation is in the slot (it can be handed to another thread).
+    /// Whether no operation is in the slot (it can be handed to another thread). Owner only
+    /// (or once the owner is gone).
     pub fn is_idle(&self) -> bool {
         self.depth.load(Ordering::Relaxed) == 0
     }
