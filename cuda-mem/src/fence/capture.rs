@@ -694,11 +694,12 @@ pub(crate) const FOREIGN_CAPTURED: &str =
 pub(crate) const GUARD_DURING_BEGIN: &str =
     "this thread holds a device pointer guard (device_ptr / device_ptr_mut, cudarc_ptr): work \
      queued through it could be captured into the graph; drop it before the capture begins";
-/// The refusal of a stream-ordered allocation on a stream whose capture is beginning on
-/// another thread.
-pub(crate) const CAPTURE_BEGINNING: &str =
-    "another thread is beginning a stream capture on this stream: the allocation could land \
-     in the graph or outside it";
+/// The refusal of a stream-ordered allocation on a stream another thread captures on (or is
+/// beginning to).
+pub(crate) const CAPTURE_ELSEWHERE: &str =
+    "another thread is capturing on this stream (or beginning to): the allocation would be \
+     graph memory of a capture this thread does not own, or land in it or not by timing; \
+     allocate inside the capture's closure";
 
 /// The refusal of host access (or a host wait) on a buffer an open capture uses.
 pub(crate) const HOST_DURING_CAPTURE: &str =
@@ -810,7 +811,10 @@ mod tests {
         assert!(slot.busy_on(0x20).is_none());
         slot.enter(0x10, b);
         slot.exit();
-        assert!(slot.busy_on(0x10).is_some(), "the inner exit freed the slot");
+        assert!(
+            slot.busy_on(0x10).is_some(),
+            "the inner exit freed the slot"
+        );
         slot.enter(0x20, b);
         assert!(slot.busy_on(0x10).is_some() && slot.busy_on(0x20).is_some());
         slot.exit();

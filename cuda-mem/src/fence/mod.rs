@@ -373,9 +373,10 @@ impl Fence {
         {
             Ok(_) => Ok(()),
             Err(t) if t == token => Ok(()),
-            Err(t) if t & FOREIGN_GRAPH != 0 => {
-                Err(invalid_argument("Stream::capture", capture::FOREIGN_CAPTURED))
-            }
+            Err(t) if t & FOREIGN_GRAPH != 0 => Err(invalid_argument(
+                "Stream::capture",
+                capture::FOREIGN_CAPTURED,
+            )),
             Err(_) => Err(invalid_argument("Stream::capture", capture::GIVEN_TWICE)),
         }
     }
@@ -428,16 +429,17 @@ impl Fence {
 
     /// The handshake's side of a stream-ordered allocation on `stream`, entered before the
     /// allocation call: a capture begin on `stream` waits until [`AllocEntry::marked`] (after
-    /// the call), or the capture is seen here. Refused while another thread is beginning a
-    /// capture on `stream` (the allocation could land in the graph or outside it).
+    /// the call), or the capture is seen here. Refused while another thread captures on
+    /// `stream`, or is beginning to (the allocation could land in the graph or outside it).
     pub(crate) fn queue_alloc(stream: &Stream) -> Result<AllocEntry<'_>> {
         let (op, open) = InOp::enter(stream.inner());
         let capture = match open.then(|| capture::capture_state_of(stream.inner())) {
-            Some(Some((token, true))) => token,
-            Some(Some((_, false))) => {
+            // Graph memory, allocated by the capturing thread (inside the closure).
+            Some(Some((token, true))) if capture::owns(token) => token,
+            Some(Some(_)) => {
                 return Err(invalid_argument(
                     "stream-ordered allocation",
-                    capture::CAPTURE_BEGINNING,
+                    capture::CAPTURE_ELSEWHERE,
                 ))
             }
             _ => 0,
@@ -552,9 +554,7 @@ impl Drop for Use<'_> {
             if capture::foreign_capture_now(s) {
                 // The work may be a node of a graph no fence knows of: the buffer is never
                 // touched, waited for or freed again.
-                self.fence
-                    .capture
-                    .fetch_or(FOREIGN_GRAPH, Ordering::AcqRel);
+                self.fence.capture.fetch_or(FOREIGN_GRAPH, Ordering::AcqRel);
             }
         }
         self.fence.core.end();
