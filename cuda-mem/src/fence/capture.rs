@@ -21,6 +21,15 @@
 //!
 //! The bookkeeping is a short list behind a mutex, consulted only while [`any_open`] says a
 //! capture is open: outside captures the fence makes no extra call and takes no extra lock.
+//!
+//! Work racing a capture begin on another thread ([`Stream`](crate::Stream) is `Sync`) is
+//! held off by the [`handshake`](super::handshake): each operation is in flight in its
+//! thread's slot ([`InOp`]) from before it reads [`any_open`] until its runtime call returned;
+//! [`begin`] registers the capture, raises the open count, makes its barrier, and waits for the
+//! operations in flight on its stream before `cudaStreamBeginCapture`. Either the work sees the
+//! capture (and is refused), or the capture waits for it. Streams another library holds too
+//! are checked before and after the call ([`refuse_foreign_capture`], [`foreign_capture_now`]):
+//! a foreign capture seen after it gives the buffers up ([`FOREIGN_GRAPH`]).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

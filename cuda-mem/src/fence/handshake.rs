@@ -5,7 +5,7 @@
 //!
 //! Every thread has a [`Slot`], and an operation that queues work says in it that it is
 //! queueing, and on which stream, *before* it reads whether a capture is open (the `OPEN` count
-//! of [`capture`](super::capture)), and until its runtime call returned. A capture begin raises
+//! of `fence/capture.rs`), and until its runtime call returned. A capture begin raises
 //! `OPEN` first, and then waits for every slot busy on its stream to clear or move on, before
 //! `cudaStreamBeginCapture`. That is Dekker's handshake: either the operation sees `OPEN` (and
 //! takes the capture-aware path, which finds the capture already registered), or the capture
