@@ -680,7 +680,7 @@ impl Pooled {
             }
             .into());
         };
-        raw_free(ptr, s)
+        raw_free(ptr, &s)
     }
 }
 
@@ -743,6 +743,9 @@ pub(crate) fn alloc_with(
     // The stream's device current first: a legacy stream of another device is accepted.
     let _g = stream.inner().enter()?;
     stream.inner().check_current(op)?;
+    // In flight for capture begins until marked below (an allocation that lands in a capture
+    // is graph memory: it must be known as such).
+    let queued = Fence::queue_alloc(stream)?;
     let raw = match raw_alloc() {
         Err(e) if e.is_out_of_memory() => {
             let _ = pool.trim(0);
@@ -765,7 +768,7 @@ pub(crate) fn alloc_with(
     let ptr = NonNull::new(raw).ok_or(Misuse::NullPointer { op })?;
     // The allocation is queued: mark it on the new fence (which nobody else sees yet, so no
     // ordering is needed and nothing can be in flight) before anyone can use the memory.
-    let fence = Fence::marked(stream, (0, bytes), Access::Write);
+    let fence = queued.marked((0, bytes), Access::Write);
     Ok((ptr, Pooled { pool: pool.clone() }, fence))
 }
 

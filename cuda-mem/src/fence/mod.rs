@@ -6,6 +6,7 @@
 //! is in [`tracker`]; this module gives it the CUDA runtime calls.
 
 pub(crate) mod capture;
+pub(crate) mod handshake;
 pub(crate) mod tracker;
 
 /// The synchronisation primitives [`tracker`] uses (loom's, in the model test crate).
@@ -17,7 +18,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use self::capture::{any_open, capture_of, is_legacy, Relaxed, GRAPH_MEMORY};
+use self::capture::{any_open, capture_of, is_legacy, InOp, Relaxed, FOREIGN_GRAPH, GRAPH_MEMORY};
 pub(crate) use self::tracker::Access;
 pub(crate) use self::tracker::Backend;
 use self::tracker::Tracker;
@@ -78,7 +79,10 @@ impl Backend for Cuda {
 
     fn record(stream: &Self::Stream, reuse: Option<FenceEvent>) -> Result<FenceEvent> {
         let mut capture = 0;
-        let _relaxed = if any_open() {
+        // A record is queued work too: a capture begin on `stream` waits for it, or it sees the
+        // capture (registered before it begins) and the event counts as captured.
+        let (_op, open) = InOp::enter(stream);
+        let _relaxed = if open {
             if is_legacy(stream) {
                 // No call on the legacy stream while a capture is open.
                 return if capture::legacy_done(stream.device()) {
@@ -273,16 +277,21 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<Use<'a>> {
-        let legacy = is_legacy(stream.inner()).then(|| stream.inner().device());
-        if any_open() || self.capture.load(Ordering::Relaxed) != 0 {
-            let _join = self.capture_gate(stream.inner())?;
-            self.core.begin_slow(stream.inner(), bytes, access)?;
+        let inner = stream.inner();
+        // The handshake with capture begins: in flight from here until the `Use` drops.
+        let (op, open) = InOp::enter(inner);
+        let legacy = is_legacy(inner).then(|| inner.device());
+        if open || self.capture.load(Ordering::Relaxed) != 0 {
+            let _join = self.capture_gate(inner)?;
+            self.core.begin_slow(inner, bytes, access)?;
         } else {
-            self.core.begin(stream.inner(), bytes, access)?;
+            self.core.begin(inner, bytes, access)?;
         }
         Ok(Use {
             fence: self,
             legacy,
+            lent: inner.is_lent().then(|| inner.clone()),
+            _op: op,
         })
     }
 
@@ -294,7 +303,10 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<()> {
-        if any_open() || self.capture.load(Ordering::Relaxed) != 0 {
+        // The waits it queues are in flight until it returns (the caller's own work after it
+        // is not covered: see docs/graphs.md).
+        let (_op, open) = InOp::enter(stream.inner());
+        if open || self.capture.load(Ordering::Relaxed) != 0 {
             let _join = self.capture_gate(stream.inner())?;
             return self.core.order(stream.inner(), bytes, access);
         }
@@ -308,6 +320,9 @@ impl Fence {
     fn capture_gate(&self, stream: &StreamInner) -> Result<Option<JoinPermit>> {
         const OP: &str = "queueing work during a stream capture";
         let bound = self.capture.load(Ordering::Acquire);
+        if bound & FOREIGN_GRAPH != 0 {
+            return Err(invalid_argument("queueing work", capture::FOREIGN_CAPTURED));
+        }
         let token = bound & !GRAPH_MEMORY;
         if bound & GRAPH_MEMORY != 0 && !capture::is_open(token) {
             return Err(invalid_argument(
@@ -336,6 +351,9 @@ impl Fence {
         if bound == 0 {
             return Ok(());
         }
+        if bound & FOREIGN_GRAPH != 0 {
+            return Err(invalid_argument("host wait", capture::FOREIGN_CAPTURED));
+        }
         let token = bound & !GRAPH_MEMORY;
         if capture::is_open(token) {
             return Err(invalid_argument("host wait", capture::HOST_DURING_CAPTURE));
@@ -355,6 +373,10 @@ impl Fence {
         {
             Ok(_) => Ok(()),
             Err(t) if t == token => Ok(()),
+            Err(t) if t & FOREIGN_GRAPH != 0 => Err(invalid_argument(
+                "Stream::capture",
+                capture::FOREIGN_CAPTURED,
+            )),
             Err(_) => Err(invalid_argument("Stream::capture", capture::GIVEN_TWICE)),
         }
     }
@@ -368,38 +390,65 @@ impl Fence {
 
     /// [`order`](Self::order) on the fence's [`origin`](Self::origin) stream, borrowed
     /// exclusively (a pooled buffer's free): no lock. Hands the stream back for the caller's
-    /// work; `None`, ordering nothing, for a fence without origin. Graph memory is freed
+    /// work, in flight for capture begins until the [`OnOrigin`] drops (after the free is
+    /// queued); `None`, ordering nothing, for a fence without origin. Graph memory is freed
     /// only inside its capture (a free node of the graph); afterwards it is refused (the
-    /// memory belongs to the graph, and is leaked here).
+    /// memory belongs to the graph, and is leaked here), as is memory whose work may be in
+    /// another library's graph ([`FOREIGN_GRAPH`]).
     pub(crate) fn order_origin_mut(
         &mut self,
         bytes: (usize, usize),
         access: Access,
-    ) -> Result<Option<&Stream>> {
+    ) -> Result<Option<OnOrigin<'_>>> {
         let bound = *self.capture.get_mut();
+        if bound & FOREIGN_GRAPH != 0 {
+            return Err(invalid_argument("free", capture::FOREIGN_CAPTURED));
+        }
+        let Some(origin) = self.core.origin() else {
+            return Ok(None);
+        };
+        let (op, open) = InOp::enter(origin);
         if bound & GRAPH_MEMORY != 0 {
             let token = bound & !GRAPH_MEMORY;
-            let origin_in = self
-                .core
-                .origin()
-                .is_some_and(|o| capture_of(o) == Some(token));
+            let origin_in = capture_of(origin) == Some(token);
             if !origin_in || !capture::note_free(token) {
                 return Err(invalid_argument("free", capture::GRAPH_MEMORY_ESCAPED));
             }
-        } else if any_open() {
-            if self.core.origin().is_some_and(|o| is_legacy(o)) {
+        } else if open {
+            if is_legacy(origin) {
                 return Err(invalid_argument("free", capture::LEGACY_DURING_CAPTURE));
             }
-            let _join = self
-                .core
-                .origin()
-                .map(|o| self.capture_gate(o))
-                .transpose()?;
-            let s = self.core.order_origin_mut(bytes, access)?;
-            return Ok(s.map(Stream::from_inner_ref));
+            let _join = self.capture_gate(origin)?;
         }
         let s = self.core.order_origin_mut(bytes, access)?;
-        Ok(s.map(Stream::from_inner_ref))
+        Ok(s.map(|s| OnOrigin {
+            stream: Stream::from_inner_ref(s),
+            _op: op,
+        }))
+    }
+
+    /// The handshake's side of a stream-ordered allocation on `stream`, entered before the
+    /// allocation call: a capture begin on `stream` waits until [`AllocEntry::marked`] (after
+    /// the call), or the capture is seen here. Refused while another thread captures on
+    /// `stream`, or is beginning to (the allocation could land in the graph or outside it).
+    pub(crate) fn queue_alloc(stream: &Stream) -> Result<AllocEntry<'_>> {
+        let (op, open) = InOp::enter(stream.inner());
+        let capture = match open.then(|| capture::capture_state_of(stream.inner())) {
+            // Graph memory, allocated by the capturing thread (inside the closure).
+            Some(Some((token, true))) if capture::owns(token) => token,
+            Some(Some(_)) => {
+                return Err(invalid_argument(
+                    "stream-ordered allocation",
+                    capture::CAPTURE_ELSEWHERE,
+                ))
+            }
+            _ => 0,
+        };
+        Ok(AllocEntry {
+            stream,
+            capture,
+            _op: op,
+        })
     }
 
     /// A new fence that records work queued on `stream` already, accessing `bytes`: a
@@ -489,6 +538,11 @@ pub(crate) struct Use<'a> {
     /// The device of the legacy stream the work is queued on, if it is (see
     /// [`capture::note_legacy`]: noted once queued).
     legacy: Option<i32>,
+    /// The stream, where another library holds it too: checked again once the work is queued
+    /// (a capture it began meanwhile may hold the work; see [`capture::foreign_capture_now`]).
+    lent: Option<Arc<StreamInner>>,
+    /// In flight for capture begins (dropped after the fields above are dealt with).
+    _op: InOp,
 }
 
 impl Drop for Use<'_> {
@@ -496,7 +550,53 @@ impl Drop for Use<'_> {
         if let Some(d) = self.legacy {
             capture::note_legacy(d);
         }
+        if let Some(s) = &self.lent {
+            if capture::foreign_capture_now(s) {
+                // The work may be a node of a graph no fence knows of: the buffer is never
+                // touched, waited for or freed again.
+                self.fence.capture.fetch_or(FOREIGN_GRAPH, Ordering::AcqRel);
+            }
+        }
         self.fence.core.end();
+    }
+}
+
+/// The stream [`Fence::order_origin_mut`] hands back, with the work about to be queued there
+/// in flight for capture begins.
+pub(crate) struct OnOrigin<'a> {
+    stream: &'a Stream,
+    _op: InOp,
+}
+
+impl std::ops::Deref for OnOrigin<'_> {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        self.stream
+    }
+}
+
+/// A stream-ordered allocation in flight ([`Fence::queue_alloc`]).
+pub(crate) struct AllocEntry<'s> {
+    stream: &'s Stream,
+    /// The capture the allocation lands in (it had begun before the call), or 0.
+    capture: u64,
+    _op: InOp,
+}
+
+impl AllocEntry<'_> {
+    /// The fence of the allocation, queued now: [`Fence::marked`], graph memory of the capture
+    /// seen at [`Fence::queue_alloc`] (and no other: a capture seen only now began after the
+    /// call).
+    pub(crate) fn marked(self, bytes: (usize, usize), access: Access) -> Fence {
+        let mut capture = 0;
+        if self.capture != 0 {
+            capture::note_alloc(self.capture);
+            capture = self.capture | GRAPH_MEMORY;
+        }
+        Fence {
+            core: Tracker::marked(self.stream.inner().clone(), bytes, access),
+            capture: AtomicU64::new(capture),
+        }
     }
 }
 
