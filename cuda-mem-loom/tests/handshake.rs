@@ -103,7 +103,10 @@ fn capture(w: &World, mutant: Mutant) {
     w.open.fetch_add(1, Ordering::SeqCst);
     fence(Ordering::SeqCst);
     if mutant != Mutant::NoWait {
-        wait_for_ops([&w.slot], S, |_| thread::yield_now());
+        assert!(wait_for_ops([&w.slot], S, |_| {
+            thread::yield_now();
+            true
+        }));
     }
     w.runtime.lock().unwrap().capturing = true;
     if mutant == Mutant::RegisterLate {

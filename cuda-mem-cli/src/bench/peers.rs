@@ -434,11 +434,25 @@ fn graph_replay(sides: &Sides, res: &mut BenchResults) -> Result<()> {
     exec.upload(s)?;
 
     // cudarc's, on a stream of its own (a failed capture must not leave the others capturing).
-    let gs = cu(sides.ctx.new_stream(), "new_stream")?;
-    let mut ch = cudarc_pinned(&sides.ctx, n, 0)?;
-    cu(ch.as_mut_slice(), "PinnedHostSlice::as_mut_slice")?.copy_from_slice(&data);
-    let mut cd: CudaSlice<u8> = cu(gs.alloc_zeros(n), "alloc_zeros")?;
-    let mut ce: CudaSlice<u8> = cu(gs.alloc_zeros(n), "alloc_zeros")?;
+    // cudarc's event tracking makes each copy wait for the slices' events, recorded before the
+    // capture, and CUDA invalidates a capture that waits on an event recorded outside it (seen
+    // on the H200): cudarc's own advice for graphs is to turn tracking off, for the slices
+    // made while it is off. So the row's slices are made with it off, and it is turned back on
+    // for the rows after.
+    // SAFETY: cudarc's condition for untracked slices: their only stream is `gs`, which is
+    // synchronized before they are used anywhere else (the data check) and before they drop.
+    unsafe { sides.ctx.disable_event_tracking() };
+    let gs = cu(sides.ctx.new_stream(), "new_stream");
+    let made = gs.and_then(|gs| {
+        let mut ch = cudarc_pinned(&sides.ctx, n, 0)?;
+        cu(ch.as_mut_slice(), "PinnedHostSlice::as_mut_slice")?.copy_from_slice(&data);
+        let cd: CudaSlice<u8> = cu(gs.alloc_zeros(n), "alloc_zeros")?;
+        let ce: CudaSlice<u8> = cu(gs.alloc_zeros(n), "alloc_zeros")?;
+        Ok((gs, ch, cd, ce))
+    });
+    // SAFETY: as above; slices made from here on are tracked again.
+    unsafe { sides.ctx.enable_event_tracking() };
+    let (gs, ch, mut cd, mut ce) = made?;
     cu(gs.synchronize(), "synchronize")?;
     cu(
         gs.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
@@ -452,8 +466,12 @@ fn graph_replay(sides: &Sides, res: &mut BenchResults) -> Result<()> {
         }
         Ok(())
     })();
-    // Always ended, so that the stream is usable again whatever failed.
+    // Always ended, so that the stream is usable again whatever failed; and cudarc's recorded
+    // error (a failed call inside `memcpy_*` that cudarc could not return) taken, so that it
+    // does not fail the rows after.
     let graph = gs.end_capture(dsys::CUgraphInstantiate_flags(0));
+    let recorded = sides.ctx.check_err();
+    let captured = captured.and(recorded);
     let graph = match (captured, graph) {
         (Ok(()), Ok(Some(g))) => g,
         (Err(e), _) | (Ok(()), Err(e)) => return cu(Err(e), "stream capture of the graph row"),

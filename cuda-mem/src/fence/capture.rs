@@ -378,30 +378,54 @@ fn in_op() -> bool {
 /// until every other thread's operation on the stream `id` (or on several) that was in flight
 /// has returned. The calling thread's own slot is skipped ([`begin`] refuses where it is busy
 /// on the stream).
-fn wait_for_ops(id: usize) {
+///
+/// Gives up after [`OPS_WAIT_LIMIT`] with an exact `Misuse` ([`OPS_HELD`]): an operation lasts
+/// microseconds, but a device pointer guard lasts as long as its holder keeps it, and a guard
+/// leaked with `mem::forget` keeps its thread's slot busy until that thread exits.
+fn wait_for_ops(id: usize) -> Result<()> {
     let slots = slot_registry().all.clone();
     let me = FAST.with(std::cell::Cell::get);
     let others = slots
         .into_iter()
         .filter(|s| !me.is_some_and(|m| std::ptr::eq(m, *s)));
-    handshake::wait_for_ops(others, id, backoff);
+    let deadline = std::time::Instant::now() + OPS_WAIT_LIMIT;
+    let mut backoff = |round: u32| backoff(round, deadline);
+    let mut done = handshake::wait_for_ops(others, id, &mut backoff);
     let mut round = 0;
-    while LATE.load(Ordering::SeqCst) != 0 {
-        backoff(round);
+    while done && LATE.load(Ordering::SeqCst) != 0 {
+        done = backoff(round);
         round += 1;
+    }
+    if done {
+        Ok(())
+    } else {
+        Err(invalid_argument("Stream::capture", OPS_HELD))
     }
 }
 
+/// How long a capture begin waits for other threads' operations on its stream.
+const OPS_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The refusal of a capture begin that waited [`OPS_WAIT_LIMIT`] for other threads' work.
+pub(crate) const OPS_HELD: &str =
+    "another thread kept queueing work on the stream open for over 10 s (a device pointer \
+     guard held, or leaked with mem::forget, on this stream): the capture was not begun, since \
+     that work would be captured without its buffers";
+
 /// Waiting for an operation's runtime call (microseconds) or a guard (as long as its holder
-/// keeps it): spin, then yield, then sleep.
-fn backoff(round: u32) {
+/// keeps it): spin, then yield, then sleep; false once `deadline` has passed.
+fn backoff(round: u32, deadline: std::time::Instant) -> bool {
     if round < 64 {
         std::hint::spin_loop();
     } else if round < 256 {
         thread::yield_now();
     } else {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
         thread::sleep(std::time::Duration::from_micros(50));
     }
+    true
 }
 
 /// The bit of a fence's binding that says the buffer is graph memory (allocated inside the
@@ -634,7 +658,7 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
     // entry), then the capture side of the handshake.
     OPEN.fetch_add(1, Ordering::SeqCst);
     let began = capture_barrier(barrier).and_then(|()| {
-        wait_for_ops(id);
+        wait_for_ops(id)?;
         // SAFETY: a live stream handle (the caller's borrow keeps it); the mode is a valid
         // value.
         let code = unsafe { sys::cudaStreamBeginCapture(origin.raw(), mode) };
@@ -767,7 +791,7 @@ mod tests {
                 drop(op);
             });
             rx.recv().unwrap();
-            wait_for_ops(MINE);
+            wait_for_ops(MINE).unwrap();
             assert_eq!(
                 done.load(Ordering::SeqCst),
                 waits,
@@ -801,7 +825,7 @@ mod tests {
         rx.recv().unwrap();
         let start = Instant::now();
         for _ in 0..100 {
-            wait_for_ops(S);
+            wait_for_ops(S).unwrap();
         }
         let took = start.elapsed();
         stop.store(true, Ordering::Relaxed);
@@ -845,7 +869,7 @@ mod tests {
         .join()
         .unwrap();
         let start = Instant::now();
-        wait_for_ops(S);
+        wait_for_ops(S).unwrap();
         assert!(start.elapsed() < Duration::from_secs(1));
         assert!(
             !slot_registry()

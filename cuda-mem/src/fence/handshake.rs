@@ -153,19 +153,22 @@ pub fn enter_and_read(slot: &Slot, stream: usize, open: &AtomicUsize, barrier: B
 /// The capture side, after it raised `open` and made its barrier (the capture side of
 /// [`Barrier`]): waits until no slot of `slots` is in an operation on `stream` that began
 /// before the barrier. `backoff` is called between looks at a slot (with the number of looks so
-/// far).
+/// far); when it returns false the wait gives up, and so does this (false).
 pub fn wait_for_ops<'a>(
     slots: impl IntoIterator<Item = &'a Slot>,
     stream: usize,
-    mut backoff: impl FnMut(u32),
-) {
+    mut backoff: impl FnMut(u32) -> bool,
+) -> bool {
     for slot in slots {
         if let Some(seq) = slot.busy_on(stream) {
             let mut round = 0u32;
             while slot.still_in(seq) {
-                backoff(round);
+                if !backoff(round) {
+                    return false;
+                }
                 round = round.saturating_add(1);
             }
         }
     }
+    true
 }
