@@ -403,8 +403,13 @@ fn wait_for_ops(id: usize) -> Result<()> {
     }
 }
 
-/// How long a capture begin waits for other threads' operations on its stream.
-const OPS_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a capture begin waits for other threads' operations on its stream (shorter in the
+/// unit tests, which reach it on purpose).
+const OPS_WAIT_LIMIT: std::time::Duration = if cfg!(test) {
+    std::time::Duration::from_millis(300)
+} else {
+    std::time::Duration::from_secs(10)
+};
 
 /// The refusal of a capture begin that waited [`OPS_WAIT_LIMIT`] for other threads' work.
 pub(crate) const OPS_HELD: &str =
@@ -831,6 +836,35 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         t.join().unwrap();
         assert!(took < Duration::from_secs(5), "100 waits took {took:?}");
+    }
+
+    /// A thread that keeps an operation open on the capture's stream (a guard leaked with
+    /// `mem::forget`, its thread still alive) makes the capture begin give up after its limit
+    /// with the exact refusal, instead of waiting until that thread exits.
+    #[test]
+    fn a_capture_begin_gives_up_on_an_operation_kept_open() {
+        const S: usize = 0xabf0;
+        let (tx, rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let t = thread::spawn(move || {
+            let (op, _) = InOp::enter_id(S);
+            std::mem::forget(op);
+            tx.send(()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        rx.recv().unwrap();
+        let start = Instant::now();
+        let err = wait_for_ops(S).unwrap_err();
+        let took = start.elapsed();
+        stop_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(
+            matches!(err.misuse(), Some(crate::Misuse::InvalidArgument { op: "Stream::capture", reason }) if reason == OPS_HELD),
+            "{err}"
+        );
+        assert!(took >= OPS_WAIT_LIMIT, "gave up after {took:?}");
+        // Another stream is not held up.
+        wait_for_ops(S + 0x100).unwrap();
     }
 
     /// Nested operations keep the slot busy until the outermost ends, and one on a second
