@@ -13,6 +13,7 @@
 //! host access to a given buffer while the capture is open; neither invalidates the capture.
 //! The rules, and what was taken from PyTorch and cudarc: `docs/graphs.md`.
 
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr;
@@ -171,6 +172,107 @@ fn fences<R: Visit + ?Sized>(r: &R) -> Vec<*const Fence> {
     let mut v = Vec::new();
     r.visit(&mut |f, _, _| v.push(f as *const Fence));
     v
+}
+
+/// Buffers whose marks a launch keeps in place; a graph with more puts the rest in a `Vec`.
+const INLINE_MARKS: usize = 8;
+
+/// The marks of one launch on its resources' fences (`Fence::begin_checked` on each, after
+/// the caller's `Fence::check_queue` for the stream), held until the launch is queued:
+/// dropping them ends their time in flight. No allocation for up to [`INLINE_MARKS`] buffers.
+struct Marks<'a> {
+    inline: [Option<Use<'a>>; INLINE_MARKS],
+    spill: Vec<Use<'a>>,
+}
+
+impl<'a> Marks<'a> {
+    /// Marks `stream`'s next work on every buffer of `res`, after ordering `stream` after
+    /// conflicting pending work on it. On error the marks made so far are dropped (ended) and
+    /// nothing may be queued.
+    fn begin<R: Visit + ?Sized>(res: &'a R, stream: &Stream) -> Result<Marks<'a>> {
+        let mut marks = Marks {
+            inline: [const { None }; INLINE_MARKS],
+            spill: Vec::new(),
+        };
+        let mut n = 0;
+        let mut failed = None;
+        res.visit(&mut |fence, range, access| {
+            if failed.is_some() {
+                return;
+            }
+            match fence.begin_checked(stream, range, access) {
+                Ok(u) => {
+                    match marks.inline.get_mut(n) {
+                        Some(slot) => *slot = Some(u),
+                        None => marks.spill.push(u),
+                    }
+                    n += 1;
+                }
+                Err(e) => failed = Some(e),
+            }
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(marks),
+        }
+    }
+}
+
+/// The launches (and uploads) of an executable graph, as work on a one-byte "buffer", which
+/// `synchronize`, `recapture`, `into_resources` and drop wait on.
+#[derive(Default)]
+struct Launches {
+    fence: Fence,
+    /// The stream of the last launch marked on `fence` with no record on `fence` since, kept
+    /// alive here (so that no other stream can have its address).
+    marked_on: RefCell<Option<Arc<StreamInner>>>,
+}
+
+impl Launches {
+    /// Marks a launch about to be queued on `stream` (the caller made `Fence::check_queue`
+    /// for it). `None` where the fence holds an unrecorded mark on this very stream already,
+    /// which the next wait's record covers together with this launch: the last marked launch
+    /// was on `stream` (the same stream object, kept alive by `marked_on`), no capture is
+    /// open (so the capture checks of `begin_checked` are never skipped) and it is not the
+    /// legacy stream (whose work each `Use` notes for the captures).
+    ///
+    /// Sound because only the owning `GraphExec`'s methods reach `fence`, one thread at a time
+    /// (`GraphExec` is not `Sync`), and every call that may record on it clears `marked_on`
+    /// first: the host waits below, and a marked launch on another stream (whose order after
+    /// this stream's launches records here). So since that mark nothing was recorded on
+    /// `fence`, and the event that the next wait records on `stream` comes after this launch
+    /// is queued, and covers it as it covers the marked one.
+    fn mark(&self, stream: &Stream) -> Result<Option<Use<'_>>> {
+        let inner = stream.inner();
+        let plain = !capture::any_open() && !capture::is_legacy(inner);
+        if plain
+            && self
+                .marked_on
+                .borrow()
+                .as_ref()
+                .is_some_and(|m| Arc::ptr_eq(m, inner))
+        {
+            return Ok(None);
+        }
+        self.marked_on.borrow_mut().take();
+        let u = self.fence.begin_checked(stream, (0, 1), Access::Write)?;
+        if plain {
+            *self.marked_on.borrow_mut() = Some(inner.clone());
+        }
+        Ok(Some(u))
+    }
+
+    /// Waits for every launch.
+    fn host_wait(&self) -> Result<()> {
+        self.marked_on.borrow_mut().take();
+        self.fence.host_wait(Access::Write)
+    }
+
+    /// Waits for every launch, through the owner's exclusive borrow.
+    fn host_wait_mut(&mut self) -> Result<()> {
+        self.marked_on.get_mut().take();
+        self.fence.host_wait_mut(Access::Write)
+    }
 }
 
 /// An open capture, as the closure of [`Stream::capture`] sees it.
@@ -414,8 +516,9 @@ impl<R: GraphResources> Graph<R> {
             graph: self.raw,
             device: self.device,
             captured: addresses(&self.res),
+            checked: Cell::new(true),
             res: self.res,
-            launches: Fence::default(),
+            launches: Launches::default(),
         })
     }
 
@@ -450,8 +553,11 @@ pub struct GraphExec<R: GraphResources> {
     /// order: a launch is refused once the resources no longer name those buffers (swapped
     /// through `resources_mut`), since its uses would be marked on the wrong fences.
     captured: Vec<usize>,
-    /// The launches, as work on a one-byte "buffer".
-    launches: Fence,
+    /// Whether `res` was found to name the `captured` buffers since the last `&mut` access
+    /// to it (see `check_resources`).
+    checked: Cell<bool>,
+    /// The launches.
+    launches: Launches,
 }
 
 // SAFETY: as for `Graph`: usable from any thread, one at a time.
@@ -467,30 +573,23 @@ impl<R: GraphResources> GraphExec<R> {
     /// Launches the graph on `stream` (`cudaGraphLaunch`), after ordering `stream` after
     /// conflicting pending work on the graph's buffers; the launch is marked on their fences.
     /// Returns at once.
+    ///
+    /// The host cost beyond `cudaGraphLaunch`, in the steady state of one stream (the same
+    /// stream as the last launch, no other stream's work pending on the buffers, no capture
+    /// open): for each buffer, the fence's lock-free path (two atomic read-modify-writes and
+    /// no runtime call), and nothing else: no allocation, no lock, no runtime call.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         const OP: &str = "GraphExec::launch";
-        if !names_captured(&self.res, &self.captured) {
-            return Err(invalid_argument(OP, RESOURCES_CHANGED));
-        }
+        self.check_resources(OP)?;
         let _g = stream.inner().enter()?;
-        let mut uses: Vec<Use<'_>> = Vec::new();
-        let mut failed = None;
-        self.res.visit(&mut |fence, range, access| {
-            if failed.is_none() {
-                match fence.begin(stream, range, access) {
-                    Ok(u) => uses.push(u),
-                    Err(e) => failed = Some(e),
-                }
-            }
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
+        Fence::check_queue(stream)?;
+        let _marks = Marks::begin(&self.res, stream)?;
+        let _launch = self.launches.mark(stream)?;
         // SAFETY: a live executable graph and stream. Its nodes use only the resources (the
         // capture refused other buffers, and graph memory is freed inside the graph), which
         // `self` keeps borrowed, whose fences order this launch after their pending work and
-        // record it (the uses above), so nothing frees or touches them while it runs.
+        // record it (the marks above, in flight until the launch is queued), so nothing frees
+        // or touches them while it runs.
         let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
         check(code, || {
             format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
@@ -499,19 +598,32 @@ impl<R: GraphResources> GraphExec<R> {
 
     /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
-        if !names_captured(&self.res, &self.captured) {
-            return Err(invalid_argument("GraphExec::upload", RESOURCES_CHANGED));
-        }
+        self.check_resources("GraphExec::upload")?;
         let _g = stream.inner().enter()?;
-        let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
+        Fence::check_queue(stream)?;
+        let _launch = self.launches.mark(stream)?;
         // SAFETY: a live executable graph and stream.
         let code = unsafe { sys::cudaGraphUpload(self.exec, stream.inner().raw()) };
         check(code, || format!("cudaGraphUpload({:p})", self.exec))
     }
 
+    /// Refuses a launch once the resources no longer name the buffers the graph captured
+    /// (`RESOURCES_CHANGED`). They can change only through `&mut self` (`resources_mut`, which
+    /// clears `checked`; `recapture`, which captures them anew), so the comparison is made
+    /// once after each such borrow, not at every launch.
+    fn check_resources(&self, op: &'static str) -> Result<()> {
+        if !self.checked.get() {
+            if !names_captured(&self.res, &self.captured) {
+                return Err(invalid_argument(op, RESOURCES_CHANGED));
+            }
+            self.checked.set(true);
+        }
+        Ok(())
+    }
+
     /// Waits for every launch.
     pub fn synchronize(&self) -> Result<()> {
-        self.launches.host_wait(Access::Write)
+        self.launches.host_wait()
     }
 
     /// The resources, for reads (host reads wait for launches that write them).
@@ -522,6 +634,8 @@ impl<R: GraphResources> GraphExec<R> {
     /// The resources, to refill between launches: host access and work through the crate
     /// wait for (or are ordered after) the launches, and the next launch after them.
     pub fn resources_mut(&mut self) -> &mut R {
+        // The next launch compares the resources with the captured buffers again.
+        self.checked.set(false);
         &mut self.res
     }
 
@@ -543,6 +657,7 @@ impl<R: GraphResources> GraphExec<R> {
                 self.graph = graph;
                 // Updated in place: its nodes now use the buffers just captured.
                 self.captured = addresses(&self.res);
+                self.checked.set(true);
                 Ok(true)
             }
             Err(e)
@@ -556,7 +671,8 @@ impl<R: GraphResources> GraphExec<R> {
                 let old = std::mem::replace(&mut self.exec, exec);
                 self.graph = graph;
                 self.captured = addresses(&self.res);
-                if self.launches.host_wait_mut(Access::Write).is_ok() {
+                self.checked.set(true);
+                if self.launches.host_wait_mut().is_ok() {
                     // SAFETY: the old executable's launches have completed; never used again.
                     unsafe { sys::cudaGraphExecDestroy(old) };
                 }
@@ -574,21 +690,22 @@ impl<R: GraphResources> GraphExec<R> {
     /// Waits for the launches, destroys the executable graph and gives the resources back.
     pub fn into_resources(self) -> Result<R> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        let waited = me.launches.host_wait_mut(Access::Write);
+        let waited = me.launches.host_wait_mut();
         if waited.is_ok() {
             // SAFETY: its launches have completed; never used again.
             unsafe { sys::cudaGraphExecDestroy(me.exec) };
         }
         // SAFETY: `me` is never used or dropped again; each remaining field is moved out or
         // dropped once.
-        let (res, graph, launches) = unsafe {
+        let (res, graph, launches, captured) = unsafe {
             (
                 ptr::read(&me.res),
                 ptr::read(&me.graph),
                 ptr::read(&me.launches),
+                ptr::read(&me.captured),
             )
         };
-        drop((graph, launches));
+        drop((graph, launches, captured));
         waited.map(|()| res)
     }
 }
@@ -597,7 +714,7 @@ impl<R: GraphResources> Drop for GraphExec<R> {
     fn drop(&mut self) {
         // Errors are ignored (drop never panics); when the launches cannot be waited for the
         // executable graph is leaked rather than destroyed under them.
-        if self.launches.host_wait_mut(Access::Write).is_ok() {
+        if self.launches.host_wait_mut().is_ok() {
             // SAFETY: we own the handle; its launches have completed.
             unsafe { sys::cudaGraphExecDestroy(self.exec) };
         }
