@@ -823,16 +823,29 @@ mod tests {
         let (a, mut b, mut c) = (Fake::default(), Fake::default(), Fake::default());
         let res = (&a, &mut b, &mut c);
         let launches = Launches::default();
-        assert!(launch(&res, &launches, &s), "the first launch was not marked");
-        assert_eq!(locks_since(), 4, "three buffers and the launches, locked once each");
+        assert!(
+            launch(&res, &launches, &s),
+            "the first launch was not marked"
+        );
+        assert_eq!(
+            locks_since(),
+            4,
+            "three buffers and the launches, locked once each"
+        );
         for _ in 0..100 {
-            assert!(!launch(&res, &launches, &s), "a replay re-marked the launches");
+            assert!(
+                !launch(&res, &launches, &s),
+                "a replay re-marked the launches"
+            );
         }
         assert_eq!(locks_since(), 0, "the steady state took a lock");
         // A wait (here, its effect on the cache: the fence itself would record on the
         // stand-in stream) makes the next launch mark again.
         launches.marked_on.borrow_mut().take();
-        assert!(launch(&res, &launches, &s), "a launch after a wait was not marked");
+        assert!(
+            launch(&res, &launches, &s),
+            "a launch after a wait was not marked"
+        );
         std::mem::forget((a, b, c, launches));
     }
 
