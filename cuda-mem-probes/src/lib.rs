@@ -420,7 +420,10 @@ mod driver {
 ///   hang the GPU;
 /// - `cm_spin(u64 ns)`: spins for `ns` nanoseconds: a slow kernel that holds a stream;
 /// - `cm_xor(const u32* p, u64 n, u32* out)`: XORs `n` words into `*out` (grid-stride, one
-///   atomic per thread).
+///   atomic per thread);
+/// - `cm_bump(u32* p, u32 n)`: adds 1 to each of the `n` words at `p`, one thread per word
+///   (`i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) p[i] += 1`): the tiny kernel of
+///   `shared/refbench/graphs.cu`'s `bump`, launched as it is there ([`Probes::bump`]).
 pub const PROBE_PTX: &CStr = c"
 .version 7.0
 .target sm_70
@@ -577,7 +580,38 @@ XOR_DONE:
     atom.global.xor.b32 %r7, [%rd3], %r5;
     ret;
 }
+
+.visible .entry cm_bump(.param .u64 cm_bump_p, .param .u32 cm_bump_n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [cm_bump_p];
+    ld.param.u32 %r1, [cm_bump_n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra BUMP_DONE;
+    cvta.to.global.u64 %rd1, %rd1;
+    mul.wide.u32 %rd2, %r5, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    ld.global.u32 %r6, [%rd3];
+    add.u32 %r6, %r6, 1;
+    st.global.u32 [%rd3], %r6;
+BUMP_DONE:
+    ret;
+}
 ";
+
+/// Threads per block of [`Probes::bump`] (graphs.cu's `bump<<<(n + 255) / 256, 256>>>`).
+pub const BUMP_BLOCK: u32 = 256;
+
+/// Blocks of [`Probes::bump`] over `n` words: one thread per word, as graphs.cu launches it.
+pub fn bump_grid(n: u32) -> u32 {
+    n.div_ceil(BUMP_BLOCK)
+}
 
 /// The [`PROBE_PTX`] kernels, loaded once and looked up once.
 #[derive(Debug)]
@@ -589,6 +623,7 @@ pub struct Probes {
     wait: RawKernel,
     spin: RawKernel,
     xor: RawKernel,
+    bump: RawKernel,
     lib: Library,
     sms: u32,
 }
@@ -611,6 +646,7 @@ impl Probes {
             wait: k("cm_wait")?,
             spin: k("cm_spin")?,
             xor: k("cm_xor")?,
+            bump: k("cm_bump")?,
             sms,
             lib,
         })
@@ -673,6 +709,37 @@ impl Probes {
         unsafe {
             self.kernel(self.write)
                 .launch(self.grid(), 512, 0, stream, &mut args)
+        }
+    }
+
+    /// Queues `cm_bump`: adds 1 to each of the `n` `u32` at device address `p`, one thread per
+    /// word in [`bump_grid`]`(n)` blocks of [`BUMP_BLOCK`] (graphs.cu's `bump`, for benchmarks
+    /// that set cuda-mem beside it). `n` must be non-zero ([`Misuse::InvalidArgument`]
+    /// otherwise: an empty grid is not a launch).
+    ///
+    /// # Safety
+    /// `p` must be device-accessible, writable, 4-byte aligned memory of at least `n` `u32`,
+    /// alive and not accessed by the host until the kernel completes.
+    pub unsafe fn bump(&self, p: *mut u32, n: u32, stream: &Stream) -> Result<()> {
+        if n == 0 {
+            return Err(Misuse::InvalidArgument {
+                op: "Probes::bump",
+                reason: "0 words: an empty grid is not a launch".into(),
+            }
+            .into());
+        }
+        let mut p = p;
+        let mut n = n;
+        let grid = bump_grid(n);
+        let mut args = [
+            (&mut p as *mut *mut u32).cast(),
+            (&mut n as *mut u32).cast(),
+        ];
+        // SAFETY: two arguments of the kernel's types (a pointer, a u32); the caller vouches
+        // for the memory.
+        unsafe {
+            self.kernel(self.bump)
+                .launch(grid, BUMP_BLOCK, 0, stream, &mut args)
         }
     }
 
@@ -767,6 +834,24 @@ mod tests {
                     reason: format!("{bad} bytes is not a non-zero multiple of 16"),
                 })
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod bump_tests {
+    /// One thread per word, in whole blocks of 256: graphs.cu's `(n + 255) / 256`.
+    #[test]
+    fn the_bump_grid_is_graphs_cu_grid() {
+        for (n, blocks) in [
+            (1, 1),
+            (255, 1),
+            (256, 1),
+            (257, 2),
+            (1024, 4),
+            (u32::MAX, 16_777_216),
+        ] {
+            assert_eq!(super::bump_grid(n), blocks, "n = {n}");
         }
     }
 }

@@ -1,118 +1,480 @@
-//! CUDA graphs against eager launches, the two sequences of `shared/refbench/graphs.cu`: 100
-//! tiny kernels, and 25 × (4 KiB copy from pinned memory, 4 KiB memset, 4 KiB device copy,
-//! tiny kernel), on a non-blocking stream, issued eagerly through cuda-mem or captured once
-//! with `Stream::capture` and replayed with `GraphExec::launch`. Host time (the enqueue) and
-//! end-to-end time (enqueue and completion), medians of 200 rounds after 20 warm-up rounds,
-//! and graph ÷ eager, to set beside graphs.cu's output from the same run. The tiny kernel is
-//! the probes' `cm_write` over 4 KiB (graphs.cu's `bump` is not in the probes); its grid
-//! fills the device, so end-to-end times run above graphs.cu's.
+//! CUDA graphs against eager launches, the two sequences of `shared/refbench/graphs.cu`, on
+//! non-blocking streams: 100 tiny kernels, and 25 × (4 KiB copy from pinned memory, 4 KiB
+//! memset, 4 KiB device copy, tiny kernel). The tiny kernel is graphs.cu's `bump` (the probes'
+//! `cm_bump`: one thread per word, blocks of 256, `p[i] += 1` over 1024 words), so the
+//! end-to-end figures are comparable with graphs.cu's.
+//!
+//! Each sequence is issued eagerly and captured once and replayed, by three sides whose
+//! rounds are interleaved (the order rotating from round to round):
+//!
+//! - cuda-mem: the crate's calls (`copy_async`, `memset_async`, the kernel through a write
+//!   guard), captured with `Stream::capture` (the buffers the sequence uses given as its
+//!   resources: the kernels-only graph keeps the one buffer it writes) and replayed with
+//!   `GraphExec::launch`;
+//! - cudarc 0.19: `memcpy_htod`, `memset_zeros`, `memcpy_dtod` and the same PTX function
+//!   through cudarc's launch builder, on a stream of its context (`new_stream`: cudarc's event
+//!   tracking on, as its documentation leaves it), captured with `begin_capture` /
+//!   `end_capture` and replayed with `CudaGraph::launch`;
+//! - raw: the cuda-mem executable graph launched by `cudaGraphLaunch` itself, without the
+//!   crate's bookkeeping (graph rows only): the floor the crate's launch is measured against.
+//!
+//! Host time (the enqueue) and end-to-end time (enqueue and completion, a stream synchronize),
+//! medians of 200 rounds after 20 warm-up rounds, as graphs.cu measures them; rows in the
+//! `peers` table (reference: cudarc; `× cudarc` is cudarc's time over ours), and progress
+//! lines with graph ÷ eager per side and cuda-mem ÷ raw. The lead sets them beside graphs.cu's
+//! output from the same machine. Every side's data is checked after its rounds.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use cuda_mem::interop::cudarc::context;
 use cuda_mem::{
-    copy_async, CaptureMode, DeviceBuffer, DevicePtrMut as _, HostAllocFlags, PinnedBuffer, Result,
-    Stream,
+    copy_async, sys, CaptureMode, Device, DeviceBuffer, DevicePtrMut as _, Error, GraphExec,
+    GraphResources, HostAllocFlags, PinnedBuffer, Result, Stream,
 };
-use cuda_mem_probes::Probes;
+use cuda_mem_probes::{bump_grid, Probes, BUMP_BLOCK, PROBE_PTX};
+use cudarc::driver::{
+    sys as dsys, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
+    PushKernelArg as _,
+};
 
-use super::progress;
-use crate::results::{BenchResults, Check};
+use super::{progress, Paired};
+use crate::results::{BenchResults, Check, HostRow};
 use crate::units::median;
 
 /// `u32` elements per buffer: 4 KiB.
 const N: usize = 1024;
 const ROUNDS: usize = 200;
 const WARMUP: usize = 20;
+/// Rounds each side runs, warm-up included.
+const ALL: usize = ROUNDS + WARMUP;
 
-/// The buffers of one sequence.
-type Bufs<'a> = (
-    &'a mut PinnedBuffer<u32>,
-    &'a mut DeviceBuffer<u32>,
-    &'a mut DeviceBuffer<u32>,
-);
-
-/// The tiny kernel on `e`, through a write guard.
-fn kernel(probes: &Probes, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
-    let w = e.device_ptr_mut(s)?;
-    // SAFETY: the guard's 4 KiB of device memory, taken for `s`, alive across the launch,
-    // which the guard records when it drops.
-    unsafe { probes.write(w.as_mut_ptr().cast(), N * 4, s) }
+/// cudarc's error as ours, naming what failed.
+fn cu<T>(r: std::result::Result<T, cudarc::driver::DriverError>, what: &str) -> Result<T> {
+    r.map_err(|e| Error::Cuda {
+        code: cuda_mem::ErrorCode(e.0 as u32),
+        call: format!("cudarc {what}"),
+    })
 }
 
-/// One round of the sequence on `s`.
-fn ops(probes: &Probes, kernels_only: bool, b: &mut Bufs<'_>, s: &Stream) -> Result<()> {
-    let (h, d, e) = b;
-    if kernels_only {
-        for _ in 0..100 {
-            kernel(probes, e, s)?;
-        }
-        return Ok(());
-    }
-    for _ in 0..25 {
-        copy_async(&mut **d, &**h, s)?;
-        e.memset_async(0, s)?;
-        copy_async(&mut **e, &**d, s)?;
-        kernel(probes, e, s)?;
+/// The bench's own refusal, for a failed setup step or a missing graph.
+fn refused(reason: String) -> Error {
+    Error::Misuse(cuda_mem::Misuse::InvalidArgument {
+        op: "bench graphs",
+        reason,
+    })
+}
+
+/// The tiny kernel on `e`, through a write guard.
+fn bump(probes: &Probes, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
+    let w = e.device_ptr_mut(s)?;
+    // SAFETY: the guard's N words of device memory, taken for `s`, alive across the launch,
+    // which the guard records when it drops.
+    unsafe { probes.bump(w.as_mut_ptr(), N as u32, s) }
+}
+
+/// 100 tiny kernels on `e`.
+fn ours_kernels(probes: &Probes, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
+    for _ in 0..100 {
+        bump(probes, e, s)?;
     }
     Ok(())
 }
 
-/// Medians (µs) of host and end-to-end time of `round` on `s`.
-fn time(s: &Stream, mut round: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
-    let (mut host, mut end) = (Vec::new(), Vec::new());
-    for r in 0..ROUNDS + WARMUP {
-        let t0 = Instant::now();
-        round()?;
-        let t1 = Instant::now();
-        s.synchronize()?;
-        let t2 = Instant::now();
-        if r >= WARMUP {
-            host.push((t1 - t0).as_secs_f64() * 1e6);
-            end.push((t2 - t0).as_secs_f64() * 1e6);
-        }
+/// 25 × (copy `h` → `d`, zero `e`, copy `d` → `e`, bump `e`).
+fn ours_mixed(
+    probes: &Probes,
+    h: &PinnedBuffer<u32>,
+    d: &mut DeviceBuffer<u32>,
+    e: &mut DeviceBuffer<u32>,
+    s: &Stream,
+) -> Result<()> {
+    for _ in 0..25 {
+        copy_async(&mut *d, h, s)?;
+        e.memset_async(0, s)?;
+        copy_async(&mut *e, &*d, s)?;
+        bump(probes, e, s)?;
     }
-    Ok((median(&host), median(&end)))
+    Ok(())
 }
 
-/// Both sequences, eager and replayed; a data check per sequence.
+/// cudarc's side: its stream, the kernel, and its buffers.
+struct Cu {
+    cs: Arc<CudaStream>,
+    f: CudaFunction,
+    h: PinnedHostSlice<u32>,
+    d: CudaSlice<u32>,
+    e: CudaSlice<u32>,
+}
+
+impl Cu {
+    fn new(device: Device, init: &[u32]) -> Result<Cu> {
+        let ctx = context(device)?;
+        let cs = cu(ctx.new_stream(), "new_stream")?;
+        let src = PROBE_PTX
+            .to_str()
+            .map_err(|e| refused(format!("the probes' PTX is not UTF-8: {e}")))?;
+        let module = cu(
+            ctx.load_module(cudarc::nvrtc::Ptx::from_src(src)),
+            "load_module",
+        )?;
+        let f = cu(module.load_function("cm_bump"), "load_function(cm_bump)")?;
+        // SAFETY: plain page-locked memory (flags 0), written below before anything reads it.
+        let mut h = cu(
+            unsafe { ctx.alloc_pinned_with_flags::<u32>(N, 0) },
+            "alloc_pinned_with_flags",
+        )?;
+        cu(h.as_mut_slice(), "PinnedHostSlice::as_mut_slice")?.copy_from_slice(init);
+        let d = cu(cs.alloc_zeros::<u32>(N), "alloc_zeros")?;
+        let e = cu(cs.alloc_zeros::<u32>(N), "alloc_zeros")?;
+        cu(cs.synchronize(), "synchronize")?;
+        Ok(Cu { cs, f, h, d, e })
+    }
+
+    /// One round of the sequence on cudarc's stream (eager, or into its capture).
+    fn round(
+        &mut self,
+        kernels_only: bool,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        let n = N as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (bump_grid(n), 1, 1),
+            block_dim: (BUMP_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let Cu { cs, f, h, d, e } = self;
+        let kernel = |e: &mut CudaSlice<u32>| {
+            // SAFETY: `cm_bump(u32* p, u32 n)` with cudarc's slice of N `u32` and `n` = N;
+            // cudarc orders and records the launch on the slice's events.
+            unsafe { cs.launch_builder(f).arg(e).arg(&n).launch(cfg) }.map(drop)
+        };
+        if kernels_only {
+            for _ in 0..100 {
+                kernel(e)?;
+            }
+            return Ok(());
+        }
+        for _ in 0..25 {
+            cs.memcpy_htod(&*h, &mut *d)?;
+            cs.memset_zeros(&mut *e)?;
+            cs.memcpy_dtod(&*d, &mut *e)?;
+            kernel(e)?;
+        }
+        Ok(())
+    }
+
+    /// The sequence captured on cudarc's stream, instantiated (the capture always ended).
+    fn capture(&mut self, kernels_only: bool) -> Result<CudaGraph> {
+        cu(
+            self.cs
+                .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "begin_capture",
+        )?;
+        let captured = self.round(kernels_only);
+        let graph = self.cs.end_capture(dsys::CUgraphInstantiate_flags(0));
+        match (captured, graph) {
+            (Ok(()), Ok(Some(g))) => Ok(g),
+            (Err(e), _) | (Ok(()), Err(e)) => cu(Err(e), "stream capture"),
+            (Ok(()), Ok(None)) => Err(refused("cudarc's end_capture made no graph".into())),
+        }
+    }
+}
+
+/// Host and end-to-end samples (seconds) of one side.
+#[derive(Default)]
+struct Times {
+    host: Vec<f64>,
+    end: Vec<f64>,
+}
+
+impl Times {
+    /// Times `enqueue` then `wait`, kept after the warm-up rounds.
+    fn sample(
+        &mut self,
+        round: usize,
+        enqueue: impl FnOnce() -> Result<()>,
+        wait: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        enqueue()?;
+        let t1 = Instant::now();
+        wait()?;
+        let t2 = Instant::now();
+        if round >= WARMUP {
+            self.host.push((t1 - t0).as_secs_f64());
+            self.end.push((t2 - t0).as_secs_f64());
+        }
+        Ok(())
+    }
+
+    fn medians_us(&self) -> (f64, f64) {
+        (median(&self.host) * 1e6, median(&self.end) * 1e6)
+    }
+}
+
+/// Rows of ours against cudarc's (none where cudarc's side did not run).
+fn rows(res: &mut BenchResults, test: &'static str, what: &str, ours: &Times, cudarc: &Times) {
+    if cudarc.host.is_empty() {
+        return;
+    }
+    for (kind, o, c) in [
+        ("host time", &ours.host, &cudarc.host),
+        ("end to end", &ours.end, &cudarc.end),
+    ] {
+        let p = Paired::new(o, c);
+        let r = HostRow {
+            test,
+            config: format!("{what}, {kind} per round"),
+            bytes: (N * 4) as u64,
+            unit: "us",
+            ours: p.ours * 1e6,
+            reference: p.raw * 1e6,
+            ratio: 1.0 / p.ratio,
+        };
+        progress(&format!(
+            "  {test} {}: {:.1} us, cudarc {:.1} us: {:.2}x cudarc",
+            r.config, r.ours, r.reference, r.ratio
+        ));
+        res.peers.push(r);
+    }
+}
+
+/// `ok` as a check named `what`.
+fn check(res: &mut BenchResults, what: String, ok: bool, detail: impl FnOnce() -> String) {
+    res.checks.push(Check {
+        what,
+        bytes: (N * 4) as u64,
+        ok,
+        detail: (!ok).then(detail),
+    });
+}
+
+/// The first element of `got` that is not `want(i)`, as a check detail.
+fn first_wrong(got: &[u32], want: impl Fn(usize) -> u32) -> Option<String> {
+    got.iter()
+        .enumerate()
+        .find(|&(i, &v)| v != want(i))
+        .map(|(i, &v)| format!("element {i}: got {v}, expected {}", want(i)))
+}
+
+/// The names of a sequence: its rows' test, and its label.
+fn names(kernels_only: bool) -> (&'static str, &'static str) {
+    if kernels_only {
+        ("graphs_kernels", "100 tiny kernels")
+    } else {
+        ("graphs_mixed", "25 x: 4 KiB H2D, memset, D2D, kernel")
+    }
+}
+
+/// Eager rounds of ours (`round`) and cudarc's, alternating which goes first.
+fn eager(
+    kernels_only: bool,
+    s: &Stream,
+    cudarc: &mut Option<Cu>,
+    mut round: impl FnMut() -> Result<()>,
+) -> Result<(Times, Times)> {
+    let (mut ours, mut theirs) = (Times::default(), Times::default());
+    for r in 0..ALL {
+        for side in 0..2 {
+            if (r + side) % 2 == 0 {
+                ours.sample(r, &mut round, || s.synchronize())?;
+            } else if let Some(c) = cudarc.as_mut() {
+                let cs = c.cs.clone();
+                theirs.sample(
+                    r,
+                    || cu(c.round(kernels_only), "eager round"),
+                    || cu(cs.synchronize(), "synchronize"),
+                )?;
+            }
+        }
+    }
+    Ok((ours, theirs))
+}
+
+/// The graph rows' samples: cuda-mem's launch, cudarc's, and the raw launch.
+struct Replays {
+    ours: Times,
+    cudarc: Times,
+    raw: Times,
+}
+
+/// Replays of `exec` (captured by the caller) through its launch and raw, and of cudarc's
+/// capture of the same sequence, in rotating order. A cudarc capture that fails is reported
+/// (its rows left out), not fatal.
+fn replays<R: GraphResources>(
+    res: &mut BenchResults,
+    kernels_only: bool,
+    s: &Stream,
+    cudarc: &mut Option<Cu>,
+    exec: &GraphExec<R>,
+) -> Result<Replays> {
+    exec.upload(s)?;
+    s.synchronize()?;
+    let graph = match cudarc.as_mut().map(|c| c.capture(kernels_only)) {
+        None => None,
+        Some(Ok(g)) => {
+            cu(g.upload(), "CudaGraph::upload")?;
+            Some(g)
+        }
+        Some(Err(e)) => {
+            super::attempt(res, &["cudarc"], "graphs cudarc capture", Err::<(), _>(e))?;
+            None
+        }
+    };
+    let mut t = Replays {
+        ours: Times::default(),
+        cudarc: Times::default(),
+        raw: Times::default(),
+    };
+    for r in 0..ALL {
+        for side in 0..3 {
+            match (r + side) % 3 {
+                0 => t.ours.sample(r, || exec.launch(s), || s.synchronize())?,
+                1 => t.raw.sample(
+                    r,
+                    || {
+                        // SAFETY: the executable graph `exec` keeps its buffers borrowed, and
+                        // every round is waited for (the stream synchronized) before the next
+                        // one or any other use of them: no fence needs to know this launch.
+                        let code = unsafe { sys::cudaGraphLaunch(exec.as_raw(), s.as_raw()) };
+                        cuda_mem::check(code, || "cudaGraphLaunch (raw)".into())
+                    },
+                    || s.synchronize(),
+                )?,
+                _ => {
+                    if let (Some(g), Some(c)) = (&graph, cudarc.as_ref()) {
+                        t.cudarc.sample(
+                            r,
+                            || cu(g.launch(), "CudaGraph::launch"),
+                            || cu(c.cs.synchronize(), "synchronize"),
+                        )?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// The progress lines and rows of one sequence.
+fn report(res: &mut BenchResults, kernels_only: bool, eager: &(Times, Times), g: &Replays) {
+    let (test, _) = names(kernels_only);
+    let (eh, ee) = eager.0.medians_us();
+    let (gh, ge) = g.ours.medians_us();
+    let (rh, re) = g.raw.medians_us();
+    progress(&format!(
+        "  {test} cuda-mem: eager host {eh:.1} / end {ee:.1} us; graph host {gh:.2} / end \
+         {ge:.1} us; graph/eager host {:.3}, end-to-end {:.3}",
+        gh / eh,
+        ge / ee
+    ));
+    progress(&format!(
+        "  {test} raw cudaGraphLaunch of the same graph: host {rh:.2} / end {re:.1} us; \
+         cuda-mem launch / raw: host {:.3}, end-to-end {:.3}",
+        gh / rh,
+        ge / re
+    ));
+    if !g.cudarc.host.is_empty() {
+        let (ch, ce) = eager.1.medians_us();
+        let (cgh, cge) = g.cudarc.medians_us();
+        progress(&format!(
+            "  {test} cudarc: eager host {ch:.1} / end {ce:.1} us; graph host {cgh:.2} / end \
+             {cge:.1} us; graph/eager host {:.3}, end-to-end {:.3}",
+            cgh / ch,
+            cge / ce
+        ));
+    }
+    rows(res, test, "eager", &eager.0, &eager.1);
+    rows(res, test, "graph", &g.ours, &g.cudarc);
+}
+
+/// Both sequences, and a data check per side and sequence.
 pub fn run(res: &mut BenchResults) -> Result<()> {
     let probes = Probes::load()?;
     let s = Stream::non_blocking()?;
     let init: Vec<u32> = (0..N as u32).collect();
-    for kernels_only in [true, false] {
-        let name = if kernels_only {
-            "100 tiny kernels"
-        } else {
-            "25 x: 4 KiB H2D, memset, D2D, kernel"
-        };
-        progress(&format!("graphs: {name}"));
-        let mut h = PinnedBuffer::from_slice(&init, HostAllocFlags::DEFAULT)?;
-        let mut d = DeviceBuffer::<u32>::zeroed(N)?;
-        let mut e = DeviceBuffer::<u32>::zeroed(N)?;
-        let mut b: Bufs<'_> = (&mut h, &mut d, &mut e);
-        let (eh, ee) = time(&s, || ops(&probes, kernels_only, &mut b, &s))?;
-        let exec = s
-            .capture(CaptureMode::ThreadLocal, b, |cap, b| {
-                ops(&probes, kernels_only, b, cap.stream())
-            })?
-            .instantiate()?;
-        exec.upload(&s)?;
-        let (gh, ge) = time(&s, || exec.launch(&s))?;
-        let got = exec.resources().2.to_vec()?;
-        // `cm_write` leaves 16-byte word i holding four copies of i: element j holds j / 4.
-        let bad = got.iter().enumerate().find(|&(j, &v)| v != (j / 4) as u32);
-        res.checks.push(Check {
-            what: format!("graphs: {name}"),
-            bytes: (N * 4) as u64,
-            ok: bad.is_none(),
-            detail: bad.map(|(j, &v)| format!("element {j}: got {v}, expected {}", j / 4)),
-        });
-        progress(&format!(
-            "  graphs {name}: eager host {eh:.1} / end {ee:.1} us; graph host {gh:.1} / end \
-             {ge:.1} us; graph/eager host {:.3}, end-to-end {:.3}",
-            gh / eh,
-            ge / ee
-        ));
+    let device = Device::current()?;
+    // cudarc's side anew for each sequence: fresh slices, whose events no capture recorded.
+    let cudarc_side = |res: &mut BenchResults| {
+        let setup = Cu::new(device, &init);
+        super::attempt(res, &["cudarc"], "graphs cudarc setup", setup)
+    };
+
+    // 100 tiny kernels. The graph keeps the one buffer it writes.
+    let mut cudarc = cudarc_side(res)?;
+    let (_, name) = names(true);
+    progress(&format!("graphs: {name}"));
+    let mut e = DeviceBuffer::<u32>::zeroed(N)?;
+    let ea = eager(true, &s, &mut cudarc, || ours_kernels(&probes, &mut e, &s))?;
+    let exec = s
+        .capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
+            ours_kernels(&probes, e, cap.stream())
+        })?
+        .instantiate()?;
+    let g = replays(res, true, &s, &mut cudarc, &exec)?;
+    exec.into_resources()?;
+    report(res, true, &ea, &g);
+    // Every round bumps each word 100 times: eager rounds, and replays through the crate's
+    // launch and the raw one (cudarc: eager rounds and its replays, where it captured).
+    let want = (100 * ALL * 3) as u32;
+    let wrong = first_wrong(&e.to_vec()?, |_| want);
+    check(
+        res,
+        format!("graphs: cuda-mem, {name}"),
+        wrong.is_none(),
+        || wrong.unwrap_or_default(),
+    );
+    if let Some(c) = cudarc.as_mut() {
+        let got = cu(c.cs.clone_dtoh(&c.e), "clone_dtoh")?;
+        let ran = if g.cudarc.host.is_empty() { 1 } else { 2 };
+        let want = (100 * ALL * ran) as u32;
+        let wrong = first_wrong(&got, |_| want);
+        check(
+            res,
+            format!("graphs: cudarc, {name}"),
+            wrong.is_none(),
+            || wrong.unwrap_or_default(),
+        );
+    }
+
+    // The mixed sequence: `h` read, `d` and `e` written.
+    drop(cudarc);
+    let mut cudarc = cudarc_side(res)?;
+    let (_, name) = names(false);
+    progress(&format!("graphs: {name}"));
+    let h = PinnedBuffer::from_slice(&init, HostAllocFlags::DEFAULT)?;
+    let mut d = DeviceBuffer::<u32>::zeroed(N)?;
+    let mut e = DeviceBuffer::<u32>::zeroed(N)?;
+    let ea = eager(false, &s, &mut cudarc, || {
+        ours_mixed(&probes, &h, &mut d, &mut e, &s)
+    })?;
+    let exec = s
+        .capture(
+            CaptureMode::ThreadLocal,
+            (&h, &mut d, &mut e),
+            |cap, (h, d, e)| ours_mixed(&probes, h, d, e, cap.stream()),
+        )?
+        .instantiate()?;
+    let g = replays(res, false, &s, &mut cudarc, &exec)?;
+    exec.into_resources()?;
+    report(res, false, &ea, &g);
+    // Each step zeroes `e`, copies the source in and bumps it: element i ends as i + 1.
+    let wrong = first_wrong(&e.to_vec()?, |i| i as u32 + 1);
+    check(
+        res,
+        format!("graphs: cuda-mem, {name}"),
+        wrong.is_none(),
+        || wrong.unwrap_or_default(),
+    );
+    if let Some(c) = cudarc.as_mut() {
+        let got = cu(c.cs.clone_dtoh(&c.e), "clone_dtoh")?;
+        let wrong = first_wrong(&got, |i| i as u32 + 1);
+        check(
+            res,
+            format!("graphs: cudarc, {name}"),
+            wrong.is_none(),
+            || wrong.unwrap_or_default(),
+        );
     }
     Ok(())
 }

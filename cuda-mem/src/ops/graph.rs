@@ -13,6 +13,7 @@
 //! host access to a given buffer while the capture is open; neither invalidates the capture.
 //! The rules, and what was taken from PyTorch and cudarc: `docs/graphs.md`.
 
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ptr;
@@ -58,19 +59,45 @@ impl CaptureMode {
 }
 
 pub(crate) mod sealed {
+    use crate::error::Result;
     use crate::fence::{Access, Fence};
+    use crate::handles::stream::Stream;
 
-    /// A buffer a graph can keep: its fence and byte range.
+    /// A buffer a graph can keep: its fence, byte range and memory.
     pub trait Kept {
-        /// The fence and the buffer's byte range in it.
-        fn entry(&self) -> (&Fence, (usize, usize));
+        /// The fence, the buffer's byte range in it, and the address of its memory.
+        fn entry(&self) -> (&Fence, (usize, usize), usize);
     }
 
-    /// What a graph keeps: each buffer's fence, range and how the graph may use it (write
-    /// through `&mut`, read through `&`).
+    /// What a graph keeps: each buffer's fence, range, memory address and how the graph may
+    /// use it (write through `&mut`, read through `&`).
     pub trait Visit {
         /// Calls `f` for every buffer.
-        fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access));
+        fn visit<'s, F>(&'s self, f: &mut F)
+        where
+            F: FnMut(&'s Fence, (usize, usize), Access, usize);
+
+        /// Runs `f` (which queues a launch on `stream`) with the work marked on every buffer's
+        /// fence (`Fence::begin_checked`, after the caller's `Fence::check_queue` for
+        /// `stream`), the marks held until `f` returns. On a mark's error `f` does not run.
+        ///
+        /// Buffers and tuples hold their marks in their own stack frames, nested (no
+        /// allocation, no walk through a closure: the launch's hot path); `Vec`s and arrays,
+        /// of any length, collect them into a `Vec` (this default).
+        fn marked<F: FnOnce() -> Result<()>>(&self, stream: &Stream, f: F) -> Result<()> {
+            let mut uses = Vec::new();
+            let mut failed = Ok(());
+            self.visit(&mut |fence, range, access, _| {
+                if failed.is_ok() {
+                    match fence.begin_checked(stream, range, access) {
+                        Ok(u) => uses.push(u),
+                        Err(e) => failed = Err(e),
+                    }
+                }
+            });
+            failed?;
+            f()
+        }
     }
 }
 
@@ -83,59 +110,106 @@ use sealed::{Kept, Visit};
 pub trait GraphResources: Visit {}
 impl<R: Visit + ?Sized> GraphResources for R {}
 
-fn entry_of<T: Pod, M: Async<T>>(m: &M) -> (&Fence, (usize, usize)) {
+fn entry_of<T: Pod, M: Async<T>>(m: &M) -> (&Fence, (usize, usize), usize) {
     let base = m.fence_base();
     (
         m.async_fence(),
         (base, base + m.raw_len() * std::mem::size_of::<T>()),
+        m.raw_ptr() as usize,
     )
 }
 
 impl<T: Pod, A: Allocation> Kept for OwnedBuffer<T, A> {
-    fn entry(&self) -> (&Fence, (usize, usize)) {
+    fn entry(&self) -> (&Fence, (usize, usize), usize) {
         entry_of(self)
     }
 }
 impl<T: Pod> Kept for RegisteredVec<T> {
-    fn entry(&self) -> (&Fence, (usize, usize)) {
+    fn entry(&self) -> (&Fence, (usize, usize), usize) {
         entry_of(self)
     }
 }
 
 impl<B: Kept + ?Sized> Visit for &mut B {
-    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
-        let (fence, range) = (**self).entry();
-        f(fence, range, Access::Write);
+    fn visit<'s, F>(&'s self, f: &mut F)
+    where
+        F: FnMut(&'s Fence, (usize, usize), Access, usize),
+    {
+        let (fence, range, addr) = (**self).entry();
+        f(fence, range, Access::Write, addr);
+    }
+    #[inline]
+    fn marked<F: FnOnce() -> Result<()>>(&self, stream: &Stream, f: F) -> Result<()> {
+        let (fence, range, _) = (**self).entry();
+        let _use = fence.begin_checked(stream, range, Access::Write)?;
+        f()
     }
 }
 impl<B: Kept + ?Sized> Visit for &B {
-    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
-        let (fence, range) = (**self).entry();
-        f(fence, range, Access::Read);
+    fn visit<'s, F>(&'s self, f: &mut F)
+    where
+        F: FnMut(&'s Fence, (usize, usize), Access, usize),
+    {
+        let (fence, range, addr) = (**self).entry();
+        f(fence, range, Access::Read, addr);
+    }
+    #[inline]
+    fn marked<F: FnOnce() -> Result<()>>(&self, stream: &Stream, f: F) -> Result<()> {
+        let (fence, range, _) = (**self).entry();
+        let _use = fence.begin_checked(stream, range, Access::Read)?;
+        f()
     }
 }
 impl Visit for () {
-    fn visit<'s>(&'s self, _: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {}
+    fn visit<'s, F>(&'s self, _: &mut F)
+    where
+        F: FnMut(&'s Fence, (usize, usize), Access, usize),
+    {
+    }
+    #[inline]
+    fn marked<F: FnOnce() -> Result<()>>(&self, _: &Stream, f: F) -> Result<()> {
+        f()
+    }
 }
 impl<V: Visit> Visit for Vec<V> {
-    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+    fn visit<'s, F>(&'s self, f: &mut F)
+    where
+        F: FnMut(&'s Fence, (usize, usize), Access, usize),
+    {
         self.iter().for_each(|v| v.visit(f));
     }
 }
 impl<V: Visit, const N: usize> Visit for [V; N] {
-    fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+    fn visit<'s, F>(&'s self, f: &mut F)
+    where
+        F: FnMut(&'s Fence, (usize, usize), Access, usize),
+    {
         self.iter().for_each(|v| v.visit(f));
     }
 }
 
-/// `Visit` for tuples: each member in turn (one trait, its impls for the arities).
+/// `Visit` for tuples: each member in turn (one trait, its impls for the arities); marked
+/// nested, the first member's marks outermost.
 macro_rules! visit_tuple {
     ($($n:ident . $i:tt),+) => {
         impl<$($n: Visit),+> Visit for ($($n,)+) {
-            fn visit<'s>(&'s self, f: &mut dyn FnMut(&'s Fence, (usize, usize), Access)) {
+            fn visit<'s, FN>(&'s self, f: &mut FN)
+            where
+                FN: FnMut(&'s Fence, (usize, usize), Access, usize),
+            {
                 $(self.$i.visit(f);)+
             }
+            #[inline]
+            fn marked<FN: FnOnce() -> Result<()>>(&self, stream: &Stream, f: FN) -> Result<()> {
+                visit_tuple!(@nest self, stream, f; $($i)+)
+            }
         }
+    };
+    (@nest $s:ident, $stream:ident, $f:ident; $i:tt $($rest:tt)*) => {
+        $s.$i.marked($stream, || visit_tuple!(@nest $s, $stream, $f; $($rest)*))
+    };
+    (@nest $s:ident, $stream:ident, $f:ident;) => {
+        $f()
     };
 }
 visit_tuple!(A.0);
@@ -147,20 +221,26 @@ visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5);
 visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5, G.6);
 visit_tuple!(A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7);
 
-/// The fences of `r` as plain addresses, for comparison only (never dereferenced).
-fn addresses<R: Visit + ?Sized>(r: &R) -> Vec<usize> {
+/// What identifies a buffer of the resources: its fence's address, its memory's address and
+/// its byte range. (The fence alone is not enough: a buffer replaced in place through a `&mut`
+/// resource, `*res.0 = other`, has a new fence at the old one's address, and other memory.)
+type Identity = (usize, usize, (usize, usize));
+
+/// The identities of the buffers of `r`, in visit order (plain addresses, for comparison
+/// only, never dereferenced).
+fn addresses<R: Visit + ?Sized>(r: &R) -> Vec<Identity> {
     let mut v = Vec::new();
-    r.visit(&mut |f, _, _| v.push(f as *const Fence as usize));
+    r.visit(&mut |f, range, _, addr| v.push((f as *const Fence as usize, addr, range)));
     v
 }
 
-/// Whether `r` still names exactly the buffers whose fence addresses are `captured`, in
-/// order (no allocation: a launch checks this every time).
-fn names_captured<R: Visit + ?Sized>(r: &R, captured: &[usize]) -> bool {
+/// Whether `r` still names exactly the buffers whose identities are `captured`, in order
+/// (no allocation).
+fn names_captured<R: Visit + ?Sized>(r: &R, captured: &[Identity]) -> bool {
     let mut i = 0;
     let mut same = true;
-    r.visit(&mut |f, _, _| {
-        same &= captured.get(i) == Some(&(f as *const Fence as usize));
+    r.visit(&mut |f, range, _, addr| {
+        same &= captured.get(i) == Some(&(f as *const Fence as usize, addr, range));
         i += 1;
     });
     same && i == captured.len()
@@ -169,8 +249,65 @@ fn names_captured<R: Visit + ?Sized>(r: &R, captured: &[usize]) -> bool {
 /// The fences of `r`, by address (stable while `r`'s borrows live).
 fn fences<R: Visit + ?Sized>(r: &R) -> Vec<*const Fence> {
     let mut v = Vec::new();
-    r.visit(&mut |f, _, _| v.push(f as *const Fence));
+    r.visit(&mut |f, _, _, _| v.push(f as *const Fence));
     v
+}
+
+/// The launches (and uploads) of an executable graph, as work on a one-byte "buffer", which
+/// `synchronize`, `recapture`, `into_resources` and drop wait on.
+#[derive(Default)]
+struct Launches {
+    fence: Fence,
+    /// The stream of the last launch marked on `fence` with no record on `fence` since, kept
+    /// alive here (so that no other stream can have its address).
+    marked_on: RefCell<Option<Arc<StreamInner>>>,
+}
+
+impl Launches {
+    /// Marks a launch about to be queued on `stream` (the caller made `Fence::check_queue`
+    /// for it). `None` where the fence holds an unrecorded mark on this very stream already,
+    /// which the next wait's record covers together with this launch: the last marked launch
+    /// was on `stream` (the same stream object, kept alive by `marked_on`), no capture is
+    /// open (so the capture checks of `begin_checked` are never skipped) and it is not the
+    /// legacy stream (whose work each `Use` notes for the captures).
+    ///
+    /// Sound because only the owning `GraphExec`'s methods reach `fence`, one thread at a time
+    /// (`GraphExec` is not `Sync`), and every call that may record on it clears `marked_on`
+    /// first: the host waits below, and a marked launch on another stream (whose order after
+    /// this stream's launches records here). So since that mark nothing was recorded on
+    /// `fence`, and the event that the next wait records on `stream` comes after this launch
+    /// is queued, and covers it as it covers the marked one.
+    fn mark(&self, stream: &Stream) -> Result<Option<Use<'_>>> {
+        let inner = stream.inner();
+        let plain = !capture::any_open() && !capture::is_legacy(inner);
+        if plain
+            && self
+                .marked_on
+                .borrow()
+                .as_ref()
+                .is_some_and(|m| Arc::ptr_eq(m, inner))
+        {
+            return Ok(None);
+        }
+        self.marked_on.borrow_mut().take();
+        let u = self.fence.begin_checked(stream, (0, 1), Access::Write)?;
+        if plain {
+            *self.marked_on.borrow_mut() = Some(inner.clone());
+        }
+        Ok(Some(u))
+    }
+
+    /// Waits for every launch.
+    fn host_wait(&self) -> Result<()> {
+        self.marked_on.borrow_mut().take();
+        self.fence.host_wait(Access::Write)
+    }
+
+    /// Waits for every launch, through the owner's exclusive borrow.
+    fn host_wait_mut(&mut self) -> Result<()> {
+        self.marked_on.get_mut().take();
+        self.fence.host_wait_mut(Access::Write)
+    }
 }
 
 /// An open capture, as the closure of [`Stream::capture`] sees it.
@@ -297,6 +434,7 @@ where
     inner.check_current(OP)?;
     let _g = inner.enter()?;
     let given = fences(res);
+    let identities = addresses(res);
     let token = capture::begin(inner, mode.raw())?;
     let mut open = Open {
         token,
@@ -314,7 +452,7 @@ where
         _not_send: PhantomData,
     };
     let r = f(&cap, res);
-    let same = fences(res) == open.fences;
+    let same = names_captured(res, &identities);
     let (graph, allocs) = open.end();
     r?;
     let graph = graph?;
@@ -414,8 +552,9 @@ impl<R: GraphResources> Graph<R> {
             graph: self.raw,
             device: self.device,
             captured: addresses(&self.res),
+            checked: Cell::new(true),
             res: self.res,
-            launches: Fence::default(),
+            launches: Launches::default(),
         })
     }
 
@@ -446,12 +585,16 @@ pub struct GraphExec<R: GraphResources> {
     graph: RawGraph,
     device: i32,
     res: R,
-    /// The addresses of the fences of the buffers the executable graph's nodes use, in visit
-    /// order: a launch is refused once the resources no longer name those buffers (swapped
-    /// through `resources_mut`), since its uses would be marked on the wrong fences.
-    captured: Vec<usize>,
-    /// The launches, as work on a one-byte "buffer".
-    launches: Fence,
+    /// The identities (fence, memory, range) of the buffers the executable graph's nodes use,
+    /// in visit order: a launch is refused once the resources no longer name those buffers
+    /// (swapped, or replaced in place, through `resources_mut`), since its uses would be
+    /// marked on the wrong fences, and its nodes would use memory no fence here tracks.
+    captured: Vec<Identity>,
+    /// Whether `res` was found to name the `captured` buffers since the last `&mut` access
+    /// to it (see `check_resources`).
+    checked: Cell<bool>,
+    /// The launches.
+    launches: Launches,
 }
 
 // SAFETY: as for `Graph`: usable from any thread, one at a time.
@@ -467,51 +610,58 @@ impl<R: GraphResources> GraphExec<R> {
     /// Launches the graph on `stream` (`cudaGraphLaunch`), after ordering `stream` after
     /// conflicting pending work on the graph's buffers; the launch is marked on their fences.
     /// Returns at once.
+    ///
+    /// The host cost beyond `cudaGraphLaunch`, in the steady state of one stream (the same
+    /// stream as the last launch, no other stream's work pending on the buffers, no capture
+    /// open): for each buffer, the fence's lock-free path (two atomic read-modify-writes and
+    /// no runtime call), and nothing else: no allocation, no lock, no runtime call.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
         const OP: &str = "GraphExec::launch";
-        if !names_captured(&self.res, &self.captured) {
-            return Err(invalid_argument(OP, RESOURCES_CHANGED));
-        }
+        self.check_resources(OP)?;
         let _g = stream.inner().enter()?;
-        let mut uses: Vec<Use<'_>> = Vec::new();
-        let mut failed = None;
-        self.res.visit(&mut |fence, range, access| {
-            if failed.is_none() {
-                match fence.begin(stream, range, access) {
-                    Ok(u) => uses.push(u),
-                    Err(e) => failed = Some(e),
-                }
-            }
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
-        // SAFETY: a live executable graph and stream. Its nodes use only the resources (the
-        // capture refused other buffers, and graph memory is freed inside the graph), which
-        // `self` keeps borrowed, whose fences order this launch after their pending work and
-        // record it (the uses above), so nothing frees or touches them while it runs.
-        let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
-        check(code, || {
-            format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
+        Fence::check_queue(stream)?;
+        self.res.marked(stream, || {
+            let _launch = self.launches.mark(stream)?;
+            // SAFETY: a live executable graph and stream. Its nodes use only the resources
+            // (the capture refused other buffers, and graph memory is freed inside the graph),
+            // which `self` keeps borrowed, whose fences order this launch after their pending
+            // work and record it (`marked`: in flight until the launch is queued), so nothing
+            // frees or touches them while it runs.
+            let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
+            check(code, || {
+                format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
+            })
         })
     }
 
     /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
-        if !names_captured(&self.res, &self.captured) {
-            return Err(invalid_argument("GraphExec::upload", RESOURCES_CHANGED));
-        }
+        self.check_resources("GraphExec::upload")?;
         let _g = stream.inner().enter()?;
-        let _launch = self.launches.begin(stream, (0, 1), Access::Write)?;
+        Fence::check_queue(stream)?;
+        let _launch = self.launches.mark(stream)?;
         // SAFETY: a live executable graph and stream.
         let code = unsafe { sys::cudaGraphUpload(self.exec, stream.inner().raw()) };
         check(code, || format!("cudaGraphUpload({:p})", self.exec))
     }
 
+    /// Refuses a launch once the resources no longer name the buffers the graph captured
+    /// (`RESOURCES_CHANGED`). They can change only through `&mut self` (`resources_mut`, which
+    /// clears `checked`; `recapture`, which captures them anew), so the comparison is made
+    /// once after each such borrow, not at every launch.
+    fn check_resources(&self, op: &'static str) -> Result<()> {
+        if !self.checked.get() {
+            if !names_captured(&self.res, &self.captured) {
+                return Err(invalid_argument(op, RESOURCES_CHANGED));
+            }
+            self.checked.set(true);
+        }
+        Ok(())
+    }
+
     /// Waits for every launch.
     pub fn synchronize(&self) -> Result<()> {
-        self.launches.host_wait(Access::Write)
+        self.launches.host_wait()
     }
 
     /// The resources, for reads (host reads wait for launches that write them).
@@ -522,6 +672,8 @@ impl<R: GraphResources> GraphExec<R> {
     /// The resources, to refill between launches: host access and work through the crate
     /// wait for (or are ordered after) the launches, and the next launch after them.
     pub fn resources_mut(&mut self) -> &mut R {
+        // The next launch compares the resources with the captured buffers again.
+        self.checked.set(false);
         &mut self.res
     }
 
@@ -543,6 +695,7 @@ impl<R: GraphResources> GraphExec<R> {
                 self.graph = graph;
                 // Updated in place: its nodes now use the buffers just captured.
                 self.captured = addresses(&self.res);
+                self.checked.set(true);
                 Ok(true)
             }
             Err(e)
@@ -556,7 +709,8 @@ impl<R: GraphResources> GraphExec<R> {
                 let old = std::mem::replace(&mut self.exec, exec);
                 self.graph = graph;
                 self.captured = addresses(&self.res);
-                if self.launches.host_wait_mut(Access::Write).is_ok() {
+                self.checked.set(true);
+                if self.launches.host_wait_mut().is_ok() {
                     // SAFETY: the old executable's launches have completed; never used again.
                     unsafe { sys::cudaGraphExecDestroy(old) };
                 }
@@ -574,21 +728,22 @@ impl<R: GraphResources> GraphExec<R> {
     /// Waits for the launches, destroys the executable graph and gives the resources back.
     pub fn into_resources(self) -> Result<R> {
         let mut me = std::mem::ManuallyDrop::new(self);
-        let waited = me.launches.host_wait_mut(Access::Write);
+        let waited = me.launches.host_wait_mut();
         if waited.is_ok() {
             // SAFETY: its launches have completed; never used again.
             unsafe { sys::cudaGraphExecDestroy(me.exec) };
         }
         // SAFETY: `me` is never used or dropped again; each remaining field is moved out or
         // dropped once.
-        let (res, graph, launches) = unsafe {
+        let (res, graph, launches, captured) = unsafe {
             (
                 ptr::read(&me.res),
                 ptr::read(&me.graph),
                 ptr::read(&me.launches),
+                ptr::read(&me.captured),
             )
         };
-        drop((graph, launches));
+        drop((graph, launches, captured));
         waited.map(|()| res)
     }
 }
@@ -597,9 +752,145 @@ impl<R: GraphResources> Drop for GraphExec<R> {
     fn drop(&mut self) {
         // Errors are ignored (drop never panics); when the launches cannot be waited for the
         // executable graph is leaked rather than destroyed under them.
-        if self.launches.host_wait_mut(Access::Write).is_ok() {
+        if self.launches.host_wait_mut().is_ok() {
             // SAFETY: we own the handle; its launches have completed.
             unsafe { sys::cudaGraphExecDestroy(self.exec) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::{Kept, Launches, Visit};
+    use crate::fence::Fence;
+    use crate::Stream;
+
+    /// A stand-in stream handle that never reaches the runtime: not a default stream (no
+    /// device check), and every fence here holds this one stream only, so nothing is ever
+    /// recorded on it (and nothing waits: the fences are forgotten at the end).
+    fn stand_in() -> Stream {
+        // SAFETY: see above: the handle is only compared, never passed to the runtime.
+        unsafe {
+            Stream::from_raw(
+                std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
+                crate::Device::from_ordinal_unchecked(0),
+            )
+        }
+    }
+
+    /// A buffer as a graph keeps it, without memory.
+    #[derive(Default)]
+    struct Fake {
+        fence: Fence,
+    }
+
+    impl Kept for Fake {
+        fn entry(&self) -> (&Fence, (usize, usize), usize) {
+            (&self.fence, (0, 4096), 0x10000)
+        }
+    }
+
+    /// This thread's lock acquisitions by trackers since the last call.
+    fn locks_since() -> usize {
+        crate::fence::tracker::tests_hook::LOCKS.with(|c| c.replace(0))
+    }
+
+    /// One launch's bookkeeping, as `GraphExec::launch` makes it around `cudaGraphLaunch`:
+    /// whether it marked the launches' fence.
+    fn launch<R: Visit>(res: &R, launches: &Launches, s: &Stream) -> bool {
+        Fence::check_queue(s).unwrap();
+        let marked = Cell::new(false);
+        res.marked(s, || {
+            marked.set(launches.mark(s)?.is_some());
+            Ok(())
+        })
+        .unwrap();
+        marked.get()
+    }
+
+    /// The steady state of replays on one stream takes no lock: the resources' fences take
+    /// their lock-free path, and the launches' fence is not marked again (a re-mark, or a
+    /// mark through `Fence::mark`, would take its lock every time). The first launch marks
+    /// every fence, the launches' one included; a wait on the launches makes the next launch
+    /// mark it anew (a launch after a wait left unmarked would be missed by the next wait
+    /// and by drop). (One stream only: a second would make the fences record on the stand-in
+    /// handle.)
+    #[test]
+    fn replays_on_one_stream_take_no_lock_and_mark_the_launches_once() {
+        let s = stand_in();
+        let (a, mut b, mut c) = (Fake::default(), Fake::default(), Fake::default());
+        let res = (&a, &mut b, &mut c);
+        let launches = Launches::default();
+        assert!(
+            launch(&res, &launches, &s),
+            "the first launch was not marked"
+        );
+        assert_eq!(
+            locks_since(),
+            4,
+            "three buffers and the launches, locked once each"
+        );
+        for _ in 0..100 {
+            assert!(
+                !launch(&res, &launches, &s),
+                "a replay re-marked the launches"
+            );
+        }
+        assert_eq!(locks_since(), 0, "the steady state took a lock");
+        // A wait (here, its effect on the cache: the fence itself would record on the
+        // stand-in stream) makes the next launch mark again.
+        launches.marked_on.borrow_mut().take();
+        assert!(
+            launch(&res, &launches, &s),
+            "a launch after a wait was not marked"
+        );
+        std::mem::forget((a, b, c, launches));
+    }
+
+    /// `Vec`s and arrays (the default `marked`) mark every buffer, of any number, nested in
+    /// tuples too.
+    #[test]
+    fn vecs_and_arrays_mark_every_buffer() {
+        let s = stand_in();
+        let mut many: Vec<Fake> = (0..20).map(|_| Fake::default()).collect();
+        let two = [Fake::default(), Fake::default()];
+        let res = (many.iter_mut().collect::<Vec<_>>(), [&two[0], &two[1]]);
+        let launches = Launches::default();
+        locks_since();
+        assert!(launch(&res, &launches, &s));
+        assert_eq!(locks_since(), 23, "a buffer was not marked");
+        assert!(!launch(&res, &launches, &s));
+        assert_eq!(locks_since(), 0);
+        drop(res);
+        std::mem::forget((many, two, launches));
+    }
+
+    /// A buffer whose fence refuses the work (here graph memory of an ended capture) fails
+    /// the launch with the fence's exact error before anything is queued: the launch's
+    /// closure never runs, in a tuple and in a `Vec` alike.
+    #[test]
+    fn a_refused_mark_stops_the_launch_before_it_is_queued() {
+        let s = stand_in();
+        let (a, bad, c) = (Fake::default(), Fake::default(), Fake::default());
+        bad.fence
+            .bind(crate::fence::capture::GRAPH_MEMORY | 7)
+            .unwrap();
+        let expected = crate::error::invalid_argument(
+            "queueing work",
+            crate::fence::capture::GRAPH_MEMORY_ESCAPED,
+        );
+        let ran = Cell::new(false);
+        let queue = || {
+            ran.set(true);
+            Ok(())
+        };
+        let e = (&a, &bad, &c).marked(&s, queue).unwrap_err();
+        assert_eq!(e, expected);
+        let e = vec![&a, &bad, &c].marked(&s, queue).unwrap_err();
+        assert_eq!(e, expected);
+        assert!(!ran.get(), "the launch was queued after a refused mark");
+        std::mem::forget((a, bad, c));
     }
 }
