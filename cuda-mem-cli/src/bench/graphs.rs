@@ -12,9 +12,10 @@
 //!   resources: the kernels-only graph keeps the one buffer it writes) and replayed with
 //!   `GraphExec::launch`;
 //! - cudarc 0.19: `memcpy_htod`, `memset_zeros`, `memcpy_dtod` and the same PTX function
-//!   through cudarc's launch builder, on a stream of its context (`new_stream`: cudarc's event
-//!   tracking on, as its documentation leaves it), captured with `begin_capture` /
-//!   `end_capture` and replayed with `CudaGraph::launch`;
+//!   through cudarc's launch builder, on a stream of its context (`new_stream`; the device
+//!   slices made with cudarc's event tracking off, its advice for graphs: its event waits
+//!   invalidate a capture), captured with `begin_capture` / `end_capture` (copies from a plain
+//!   view of the pinned slice) and replayed with `CudaGraph::launch`;
 //! - raw: the cuda-mem executable graph launched by `cudaGraphLaunch` itself, without the
 //!   crate's bookkeeping (graph rows only): the floor the crate's launch is measured against.
 //!
@@ -34,8 +35,8 @@ use cuda_mem::{
 };
 use cuda_mem_probes::{bump_grid, Probes, BUMP_BLOCK, PROBE_PTX};
 use cudarc::driver::{
-    sys as dsys, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
-    PushKernelArg as _,
+    sys as dsys, CudaFunction, CudaGraph, CudaSlice, CudaStream, HostSlice, LaunchConfig,
+    PinnedHostSlice, PushKernelArg as _,
 };
 
 use super::{progress, Paired};
@@ -125,15 +126,43 @@ impl Cu {
             "alloc_pinned_with_flags",
         )?;
         cu(h.as_mut_slice(), "PinnedHostSlice::as_mut_slice")?.copy_from_slice(init);
-        let d = cu(cs.alloc_zeros::<u32>(N), "alloc_zeros")?;
-        let e = cu(cs.alloc_zeros::<u32>(N), "alloc_zeros")?;
+        // The device slices are made with cudarc's event tracking off, its own advice for
+        // graphs: with it on, each use waits on the slice's events, and a capture that waits
+        // on an event recorded before it (by the eager rounds) is invalidated (seen on the
+        // H200). So the eager rows, too, measure cudarc without its per-slice events.
+        // SAFETY: cudarc's condition for untracked slices: their only stream is `cs`, which
+        // is synchronized before they are read anywhere else (the data checks) and dropped.
+        unsafe { ctx.disable_event_tracking() };
+        let made = (|| {
+            let d = cs.alloc_zeros::<u32>(N)?;
+            let e = cs.alloc_zeros::<u32>(N)?;
+            Ok((d, e))
+        })();
+        // SAFETY: as above; slices made from here on are tracked again.
+        unsafe { ctx.enable_event_tracking() };
+        let (d, e) = cu(made, "alloc_zeros")?;
         cu(cs.synchronize(), "synchronize")?;
         Ok(Cu { cs, f, h, d, e })
     }
 
-    /// One round of the sequence on cudarc's stream (eager, or into its capture).
+    /// One round of the sequence on cudarc's stream, eager.
     fn round(
         &mut self,
+        kernels_only: bool,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        let Cu { cs, f, h, d, e } = self;
+        Cu::round_from(cs, f, &*h, d, e, kernels_only)
+    }
+
+    /// One round, its copies from `h` (the pinned slice, or inside a capture a plain view of
+    /// it: a `PinnedHostSlice` always waits on its own event, recorded by the eager rounds
+    /// before the capture, which would invalidate it).
+    fn round_from<H: HostSlice<u32> + ?Sized>(
+        cs: &Arc<CudaStream>,
+        f: &CudaFunction,
+        h: &H,
+        d: &mut CudaSlice<u32>,
+        e: &mut CudaSlice<u32>,
         kernels_only: bool,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         let n = N as u32;
@@ -142,7 +171,6 @@ impl Cu {
             block_dim: (BUMP_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let Cu { cs, f, h, d, e } = self;
         let kernel = |e: &mut CudaSlice<u32>| {
             // SAFETY: `cm_bump(u32* p, u32 n)` with cudarc's slice of N `u32` and `n` = N;
             // cudarc orders and records the launch on the slice's events.
@@ -155,7 +183,7 @@ impl Cu {
             return Ok(());
         }
         for _ in 0..25 {
-            cs.memcpy_htod(&*h, &mut *d)?;
+            cs.memcpy_htod(h, &mut *d)?;
             cs.memset_zeros(&mut *e)?;
             cs.memcpy_dtod(&*d, &mut *e)?;
             kernel(e)?;
@@ -165,13 +193,18 @@ impl Cu {
 
     /// The sequence captured on cudarc's stream, instantiated (the capture always ended).
     fn capture(&mut self, kernels_only: bool) -> Result<CudaGraph> {
+        let Cu { cs, f, h, d, e } = self;
+        // (Waits for the pinned slice's event on the host, before the capture begins.)
+        let view: &[u32] = cu(h.as_slice(), "PinnedHostSlice::as_slice")?;
         cu(
-            self.cs
-                .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            cs.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
             "begin_capture",
         )?;
-        let captured = self.round(kernels_only);
-        let graph = self.cs.end_capture(dsys::CUgraphInstantiate_flags(0));
+        let captured = Cu::round_from(cs, f, view, d, e, kernels_only);
+        let graph = cs.end_capture(dsys::CUgraphInstantiate_flags(0));
+        // cudarc's recorded error (a failed call it could not return) is taken, so that it
+        // does not fail the calls after.
+        let captured = captured.and(cs.context().check_err());
         match (captured, graph) {
             (Ok(()), Ok(Some(g))) => Ok(g),
             (Err(e), _) | (Ok(()), Err(e)) => cu(Err(e), "stream capture"),

@@ -57,6 +57,53 @@ fn review3_a_resource_swapped_through_resources_mut_cannot_hide_a_launch() {
     drop(y);
 }
 
+/// F1b: the same through a replacement *in place*: `*exec.resources_mut().0 = other` keeps
+/// the resource's address (the `&mut` points where it did) while the buffer behind it is a
+/// new one, and the old one is dropped (its memory freed). A check that compared only where
+/// the buffers' fences live passed, and the graph's copy then wrote the freed memory.
+/// Expected (fixed): the launch is refused with the exact `Misuse` naming the change, and
+/// nothing is queued.
+#[test]
+fn review3_a_resource_replaced_in_place_is_refused_at_launch() {
+    let _dev = gpu_or_skip!();
+    let s = Stream::non_blocking().unwrap();
+    let l = Stream::non_blocking().unwrap();
+    let data = pattern(N, 37);
+    let d = DeviceBuffer::from_slice(&data).unwrap();
+    let mut x = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
+    let mut exec = s
+        .capture(CaptureMode::ThreadLocal, (&mut x, &d), |cap, (x, d)| {
+            copy_async(&mut **x, &**d, cap.stream())
+        })
+        .unwrap()
+        .instantiate()
+        .unwrap();
+    // The first launch runs: the resources are the captured ones.
+    exec.launch(&l).unwrap();
+    exec.synchronize().unwrap();
+    assert_eq!(exec.resources().0.as_slice().unwrap(), &data[..]);
+    // Safe code: the old `x` is dropped here, the new buffer sits where it was.
+    *exec.resources_mut().0 = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
+    let err = exec.launch(&l).unwrap_err();
+    match err.misuse() {
+        Some(cuda_mem::Misuse::InvalidArgument { reason, .. }) => assert!(
+            reason.starts_with("the resources no longer name the buffers the graph captured"),
+            "{reason}"
+        ),
+        other => panic!("not the exact refusal: {other:?} ({err})"),
+    }
+    assert!(l.is_idle().unwrap(), "the refused launch queued work");
+    assert!(
+        exec.resources()
+            .0
+            .as_slice()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 0),
+        "the new buffer was written"
+    );
+}
+
 /// F2: a stream lent to cudarc (`cudarc_stream`, or a cuda-mem `Stream` over a cudarc
 /// stream, `interop::cudarc::stream`) can be put into capture by cudarc's *safe*
 /// `CudaStream::begin_capture`. The crate's capture registry does not know it, so
