@@ -371,6 +371,7 @@ impl Fence {
     /// work; `None`, ordering nothing, for a fence without origin. Graph memory is freed
     /// only inside its capture (a free node of the graph); afterwards it is refused (the
     /// memory belongs to the graph, and is leaked here).
+    #[inline]
     pub(crate) fn order_origin_mut(
         &mut self,
         bytes: (usize, usize),
@@ -407,6 +408,7 @@ impl Fence {
     /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
     /// the lock. The fence keeps `stream` ([`origin`](Self::origin)). On a stream capturing
     /// into an open capture, the allocation is graph memory of that capture.
+    #[inline]
     pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
         let mut capture = 0;
         if any_open() {
@@ -515,6 +517,8 @@ mod tests {
         static FAIL_EVENT_SYNCS: Cell<u32> = const { Cell::new(0) };
         /// Event synchronizations attempted (failed ones included).
         static EVENT_SYNCS: Cell<u32> = const { Cell::new(0) };
+        /// Stream synchronizations to fail before the next one succeeds.
+        static FAIL_STREAM_SYNCS: Cell<u32> = const { Cell::new(0) };
     }
 
     /// A backend that only counts its calls (per thread: tests run in parallel), and whose
@@ -564,7 +568,7 @@ mod tests {
             fail_or_call(&FAIL_EVENT_SYNCS)
         }
         fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
-            call()
+            fail_or_call(&FAIL_STREAM_SYNCS)
         }
     }
 
@@ -701,6 +705,32 @@ mod tests {
             2,
             "the second stream's event was never waited for after the first one failed"
         );
+    }
+
+    /// A locked `begin` raises the count of work in flight in the same read-modify-write that
+    /// reads it; when its ordering then fails (no record, no wait, no stream synchronization),
+    /// nothing was marked and nothing may stay counted in flight: a count left behind would
+    /// keep every later record from covering the marks (each host wait recording anew, as
+    /// after a leaked guard), until the owner's next exclusive access.
+    #[test]
+    fn a_begin_whose_ordering_fails_leaves_nothing_in_flight() {
+        let (s, other) = (Arc::new(0), Arc::new(1));
+        let t = Tracker::<Counting>::default();
+        t.mark(&other, (0, 64), Access::Write);
+        FAIL_RECORDS.with(|f| f.set(1));
+        FAIL_STREAM_SYNCS.with(|f| f.set(1));
+        assert!(t.begin(&s, (0, 64), Access::Write).is_err());
+        assert_eq!(FAIL_STREAM_SYNCS.with(Cell::get), 0, "the fallback was not tried");
+        let calls = || CALLS.with(Cell::get);
+        t.host_wait(Access::Write).unwrap();
+        let settled = calls();
+        t.host_wait(Access::Write).unwrap();
+        assert_eq!(
+            calls(),
+            settled,
+            "the failed begin stayed in flight: the covering record was not trusted"
+        );
+        assert!(t.is_idle());
     }
 
     /// This thread's lock acquisitions by trackers since the last call.

@@ -570,6 +570,7 @@ impl<B: Backend> Tracker<B> {
     /// The mark is entered lazily, at the tracker's first use: a buffer freed on its own
     /// stream without other use (a pooled buffer's whole life, often) never makes an entry,
     /// whose allocation and stream reference were two thirds of that life's bookkeeping.
+    #[inline]
     pub fn marked(stream: B::Stream, range: (usize, usize), access: Access) -> Self {
         Tracker {
             state: Mutex::new(State {
@@ -628,12 +629,19 @@ impl<B: Backend> Tracker<B> {
         publish: bool,
     ) -> Result<(), B::Error> {
         let mut st = self.lock();
-        let full = self.settled();
-        Self::order_locked(&mut st, full, stream, range, access)?;
+        // The count raised and read in one read-modify-write: what `settled` reads (the value
+        // before this begin's increment, last in the count's modification order, with its
+        // release half after the withdrawal in `lock`), and this begin in flight, under the
+        // lock, so that every other holder sees it (the order inside the critical section does
+        // not matter to them). One atomic operation fewer than `settled` and then the
+        // increment.
+        let full = self.hot.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
+        if let Err(e) = Self::order_locked(&mut st, full, stream, range, access) {
+            // Nothing was marked: nothing is in flight.
+            self.hot.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
         Self::mark_locked(&mut st, full, stream, range, access);
-        // Under the lock, so that every other holder sees it (the order inside the critical
-        // section does not matter to them).
-        self.hot.in_flight.fetch_add(1, Ordering::AcqRel);
         if publish {
             self.publish(&st, range, access);
         }
@@ -686,16 +694,19 @@ impl<B: Backend> Tracker<B> {
     /// lock against (no locking), on the [`origin`](Self::origin) stream, which it hands back
     /// for the caller's work: a pooled buffer's free, queued where it was allocated. `None`,
     /// ordering nothing, when the tracker has no origin.
+    #[inline]
     pub fn order_origin_mut(
         &mut self,
         range: (usize, usize),
         access: Access,
     ) -> Result<Option<&B::Stream>, B::Error> {
-        // With `&mut self` no `begin` can still be queueing: a leaked guard's count goes.
+        // With `&mut self` no `begin` can still be queueing: a leaked guard's count goes, and
+        // nothing is in flight (no read-modify-write of the count is needed to know it: no
+        // other thread can touch the tracker while this borrow lives).
         self.exclusive();
         // Entries may change below (the lock is bypassed, not its rule).
         self.invalidate();
-        let full = self.settled();
+        let full = true;
         let Some(origin) = self.origin.as_ref() else {
             return Ok(None);
         };
