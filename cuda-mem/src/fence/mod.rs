@@ -768,9 +768,12 @@ mod tests {
     }
 
     /// The lock-free path is taken only while the publication stands for the state: after a
-    /// record that covers the marks, beside another stream's entry, for another stream, for a
-    /// write under read marks, outside the marked range, for another handle to the stream, and
-    /// after `begin_slow`, `begin` takes the lock (and publishes again where it can).
+    /// record that covers the marks, beside another stream's conflicting entry not waited for
+    /// as it stands, for another stream, for a write under read marks, outside the marked
+    /// range, for another handle to the stream, and after `begin_slow`, `begin` takes the lock
+    /// (and publishes again where it can). (Issue 21: beside an entry the stream waited for,
+    /// or one on other bytes, it is taken: a buffer another stream used once no longer costs
+    /// the lock on every call.)
     #[test]
     fn the_lock_free_path_stops_where_its_publication_does() {
         let (s, other) = (Arc::new(0), Arc::new(1));
@@ -793,12 +796,24 @@ mod tests {
         assert_eq!(step(&t, &s, (0, 64), w), 1, "a write under read marks");
         assert_eq!(step(&t, &s, (0, 64), w), 0);
 
-        // Another stream's entry: nothing is published while it stays.
+        // Another stream's conflicting entry: nothing is published beside it until the stream
+        // has waited for it as it stands; then the stream goes fast beside it, until the
+        // other stream marks anew.
         let t = Tracker::<Counting>::default();
         assert_eq!(step(&t, &s, (0, 64), w), 1);
         assert_eq!(step(&t, &other, (0, 8), r), 1, "another stream went fast");
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside an entry not waited for");
+        assert_eq!(step(&t, &s, (0, 64), w), 0, "the wait for the other entry not trusted");
+        assert_eq!(step(&t, &other, (0, 8), r), 1);
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast past the other stream's new mark");
+        assert_eq!(step(&t, &s, (0, 64), w), 0);
+        // An entry on other bytes does not stop it.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 32), w), 1);
+        assert_eq!(step(&t, &other, (32, 64), w), 1);
+        assert_eq!(step(&t, &s, (0, 32), w), 1, "the publication outlived a holder");
+        assert_eq!(step(&t, &s, (0, 32), w), 0, "not fast beside disjoint work");
+        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast into the other stream's bytes");
 
         // Outside the marked range; then the merged range is published.
         let t = Tracker::<Counting>::default();
