@@ -264,7 +264,12 @@ fn main() -> anyhow::Result<()> {
         let t = cuda_mem::measure::detached_pool_pairs(pairs, SMALL)?;
         ns.push(t.as_secs_f64() * 1e9 / f64::from(pairs));
     }
-    println!("{:<18} {:<18} {:>8.1}", "pool_bookkeeping", "stand-in", median(ns));
+    println!(
+        "{:<18} {:<18} {:>8.1}",
+        "pool_bookkeeping",
+        "stand-in",
+        median(ns)
+    );
 
     // What the calls wrote landed (on a GPU; the fake runtime's asynchronous calls do not
     // copy): a pattern to the device and back through the same entry points.

@@ -720,7 +720,11 @@ mod tests {
         FAIL_RECORDS.with(|f| f.set(1));
         FAIL_STREAM_SYNCS.with(|f| f.set(1));
         assert!(t.begin(&s, (0, 64), Access::Write).is_err());
-        assert_eq!(FAIL_STREAM_SYNCS.with(Cell::get), 0, "the fallback was not tried");
+        assert_eq!(
+            FAIL_STREAM_SYNCS.with(Cell::get),
+            0,
+            "the fallback was not tried"
+        );
         let calls = || CALLS.with(Cell::get);
         t.host_wait(Access::Write).unwrap();
         let settled = calls();
@@ -802,18 +806,38 @@ mod tests {
         let t = Tracker::<Counting>::default();
         assert_eq!(step(&t, &s, (0, 64), w), 1);
         assert_eq!(step(&t, &other, (0, 8), r), 1, "another stream went fast");
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside an entry not waited for");
-        assert_eq!(step(&t, &s, (0, 64), w), 0, "the wait for the other entry not trusted");
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            1,
+            "fast beside an entry not waited for"
+        );
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            0,
+            "the wait for the other entry not trusted"
+        );
         assert_eq!(step(&t, &other, (0, 8), r), 1);
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast past the other stream's new mark");
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            1,
+            "fast past the other stream's new mark"
+        );
         assert_eq!(step(&t, &s, (0, 64), w), 0);
         // An entry on other bytes does not stop it.
         let t = Tracker::<Counting>::default();
         assert_eq!(step(&t, &s, (0, 32), w), 1);
         assert_eq!(step(&t, &other, (32, 64), w), 1);
-        assert_eq!(step(&t, &s, (0, 32), w), 1, "the publication outlived a holder");
+        assert_eq!(
+            step(&t, &s, (0, 32), w),
+            1,
+            "the publication outlived a holder"
+        );
         assert_eq!(step(&t, &s, (0, 32), w), 0, "not fast beside disjoint work");
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast into the other stream's bytes");
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            1,
+            "fast into the other stream's bytes"
+        );
 
         // Outside the marked range; then the merged range is published.
         let t = Tracker::<Counting>::default();

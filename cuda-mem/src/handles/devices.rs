@@ -424,12 +424,19 @@ mod tests {
         match Device::count() {
             Ok(n) => {
                 assert_eq!(sole_device(), n == 1);
-                assert_eq!(DEVICES.load(Ordering::Relaxed), if n == 1 { ONE } else { SEVERAL });
+                assert_eq!(
+                    DEVICES.load(Ordering::Relaxed),
+                    if n == 1 { ONE } else { SEVERAL }
+                );
                 assert_eq!(current_ordinal(), current_ordinal_call());
             }
             Err(_) => {
                 assert!(!sole_device());
-                assert_eq!(DEVICES.load(Ordering::Relaxed), UNKNOWN, "a failed count was kept");
+                assert_eq!(
+                    DEVICES.load(Ordering::Relaxed),
+                    UNKNOWN,
+                    "a failed count was kept"
+                );
                 assert_eq!(current_ordinal(), 0);
             }
         }

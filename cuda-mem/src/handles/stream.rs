@@ -522,7 +522,10 @@ mod tests {
         })
         .join()
         .unwrap();
-        assert!(foreign, "another thread's per-thread stream was seen as its own");
+        assert!(
+            foreign,
+            "another thread's per-thread stream was seen as its own"
+        );
         match refused {
             Err(Error::Misuse(Misuse::InvalidArgument { op: o, reason })) => {
                 assert_eq!(o, op);
@@ -532,6 +535,9 @@ mod tests {
             Err(Error::Misuse(Misuse::DeviceMismatch { .. })) if Device::count().is_ok() => {}
             r => panic!("not refused as another thread's stream: {r:?}"),
         }
-        assert!(!s.inner().is_foreign_per_thread(), "the owner lost its stream");
+        assert!(
+            !s.inner().is_foreign_per_thread(),
+            "the owner lost its stream"
+        );
     }
 }
