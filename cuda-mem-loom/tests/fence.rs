@@ -555,9 +555,10 @@ fn a_leaked_fast_guard_is_settled_by_the_next_exclusive_access() {
 
 /// What a publication covers, on one thread: read marks let reads through only (a write
 /// inside them takes the lock and is marked, so a reader on another stream waits for it), and
-/// a stream with marks beside another stream's entry publishes nothing (its marks, merged into
-/// their hull past four pieces, may cover bytes it never used, which the other stream wrote).
-/// Caught: a read publication that lets writes through, and publishing beside other entries.
+/// a stream with marks beside another stream's conflicting entry that it has not waited for
+/// publishes nothing (its marks, merged into their hull past four pieces, may cover bytes it
+/// never used, which the other stream wrote). Caught: a read publication that lets writes
+/// through, and publishing beside other entries without checking them.
 #[test]
 fn publications_cover_only_what_their_marks_subsume() {
     model(|| {
@@ -596,6 +597,46 @@ fn a_fast_begin_racing_a_new_publication() {
         });
         a.join().unwrap();
         b.join().unwrap();
+        w.host(Access::Write);
+    });
+}
+
+/// Issue 21: a publication beside another stream's entry that the publishing stream waited
+/// for (stream 1 read the buffer once; stream 0's write waited for that read). Stream 0's
+/// fast write on one half races stream 1's read of the other half, which waits for stream 0's
+/// earlier write and records while the fast write may be in flight; afterwards stream 1's
+/// read of the first half must still wait for the fast write (no wait of stream 1 may be
+/// remembered as covering it), and a host write for everything.
+#[test]
+fn a_fast_begin_beside_an_entry_it_waited_for() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(1, ALL, Access::Read);
+        w.queue(0, ALL, Access::Write);
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Read));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.queue(1, (0, 32), Access::Read);
+        w.host(Access::Write);
+    });
+}
+
+/// A wait for another stream's entry stands for that entry only as it was: once the other
+/// stream marks anew, a publication whose range (here the hull of five pieces) covers its new
+/// marks is not made, so that the write into them takes the lock and waits. Caught: a
+/// publication that trusts a `waited` record whatever the entry's clock.
+#[test]
+fn a_wait_for_an_entry_as_it_was_does_not_let_a_publication_past_its_new_marks() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(1, (40, 44), Access::Read);
+        w.queue(0, (40, 44), Access::Write);
+        w.queue(1, (40, 44), Access::Read);
+        for p in [0, 8, 16, 24, 48] {
+            w.queue(0, (p, p + 4), Access::Write);
+        }
+        w.queue(0, (40, 44), Access::Write);
         w.host(Access::Write);
     });
 }

@@ -335,6 +335,13 @@ fn overhead(gate: &Gate, samples: u32, res: &mut BenchResults) -> Result<()> {
     ];
     for (config, s, two) in configs {
         progress(&format!("calls: host overhead over the raw call, {config}"));
+        // Each configuration starts from idle fences (a host wait retires what they hold): a
+        // buffer that an earlier configuration's stream, or `zeroed`'s legacy memset, used
+        // would otherwise be a buffer used by two streams in a `.../one` row.
+        small.host.synchronize()?;
+        small.other_host.synchronize()?;
+        small.dev.synchronize()?;
+        small.other_dev.synchronize()?;
         for op in OVERHEAD_OPS {
             let t = paired(samples, |ours| {
                 if two {

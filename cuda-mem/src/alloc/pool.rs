@@ -646,6 +646,7 @@ impl Pooled {
     /// Queues the free of `ptr` (`bytes` long, guarded by `fence`) on the allocation stream,
     /// after every piece of work recorded on the fence, without blocking the host. On error
     /// nothing was freed: the caller leaks the memory.
+    #[inline]
     pub(crate) fn free(&self, ptr: *mut c_void, bytes: usize, fence: &mut Fence) -> Result<()> {
         Self::free_with(ptr, bytes, fence, |ptr, s| {
             // SAFETY: we own the allocation (from this pool, allocated on `s`); `free_with`
@@ -663,6 +664,7 @@ impl Pooled {
     /// `measure::PoolPair`), called with the allocation stream ordered after all work recorded
     /// on `fence` and its device current. The exclusive borrow of the fence (the buffer is
     /// being freed: nothing else can use it) spares the lock.
+    #[inline]
     pub(crate) fn free_with(
         ptr: *mut c_void,
         bytes: usize,
@@ -689,6 +691,7 @@ impl Pooled {
 /// to free through the [`Pooled`], and guards it with the [`Fence`], which records the
 /// allocation already (a write on `stream`), so that work elsewhere and host access wait until
 /// the stream has reached it.
+#[inline]
 pub(crate) fn alloc(
     pool: &MemPool,
     bytes: usize,
@@ -715,24 +718,25 @@ pub(crate) fn alloc(
 /// [`alloc`] of `layout`'s bytes for elements of `T`, the address checked by
 /// [`Layout::place_owned`]: a misaligned one is freed on `stream` (`cudaFreeAsync`) before the
 /// refusal.
+#[inline]
 pub(crate) fn alloc_for<T>(
     pool: &MemPool,
     layout: &Layout<T>,
     stream: &Stream,
     op: &'static str,
 ) -> Result<(NonNull<T>, Pooled, Fence)> {
-    let (raw, pooled, fence) = alloc(pool, layout.bytes(), stream, op)?;
-    let (ptr, (pooled, fence)) = layout.place_owned(
-        raw.as_ptr(),
-        "cudaMallocFromPoolAsync",
-        (pooled, fence),
-        |p, (pooled, mut fence)| pooled.free(p.as_ptr(), layout.bytes(), &mut fence),
-    )?;
+    let (raw, pooled, mut fence) = alloc(pool, layout.bytes(), stream, op)?;
+    // The pool and the fence stay where they are (borrowed by the refusal's free only): a
+    // fence is a few cache lines, and every move of it costs a copy on this hot path.
+    let (ptr, ()) = layout.place_owned(raw.as_ptr(), "cudaMallocFromPoolAsync", (), |p, ()| {
+        pooled.free(p.as_ptr(), layout.bytes(), &mut fence)
+    })?;
     Ok((ptr, pooled, fence))
 }
 
 /// [`alloc`] with the runtime call `raw_alloc` (the ablation seam of
 /// `measure::PoolPair`), called with the stream's device current.
+#[inline]
 pub(crate) fn alloc_with(
     pool: &MemPool,
     bytes: usize,
@@ -747,29 +751,42 @@ pub(crate) fn alloc_with(
     // is graph memory: it must be known as such).
     let queued = Fence::queue_alloc(stream)?;
     let raw = match raw_alloc() {
-        Err(e) if e.is_out_of_memory() => {
-            let _ = pool.trim(0);
-            raw_alloc().map_err(|e| match e {
-                Error::Cuda { code, call } if code.is_out_of_memory() => Error::Cuda {
-                    code,
-                    call: format!(
-                        "{call} (after trimming the pool and one retry; pool {})",
-                        pool.stats().map_or_else(
-                            |e| format!("statistics unavailable: {e}"),
-                            |s| s.to_string()
-                        )
-                    ),
-                },
-                e => e,
-            })?
-        }
-        r => r?,
+        Ok(raw) => raw,
+        Err(e) => retry_after_trim(pool, e, &raw_alloc)?,
     };
     let ptr = NonNull::new(raw).ok_or(Misuse::NullPointer { op })?;
     // The allocation is queued: mark it on the new fence (which nobody else sees yet, so no
     // ordering is needed and nothing can be in flight) before anyone can use the memory.
     let fence = queued.marked((0, bytes), Access::Write);
     Ok((ptr, Pooled { pool: pool.clone() }, fence))
+}
+
+/// [`alloc_with`]'s failure path, out of line: out of memory trims the pool to 0 and retries
+/// once, and a second failure says which pool and how full it is; other errors are returned.
+#[cold]
+#[inline(never)]
+fn retry_after_trim(
+    pool: &MemPool,
+    error: Error,
+    raw_alloc: &impl Fn() -> Result<*mut c_void>,
+) -> Result<*mut c_void> {
+    if !error.is_out_of_memory() {
+        return Err(error);
+    }
+    let _ = pool.trim(0);
+    raw_alloc().map_err(|e| match e {
+        Error::Cuda { code, call } if code.is_out_of_memory() => Error::Cuda {
+            code,
+            call: format!(
+                "{call} (after trimming the pool and one retry; pool {})",
+                pool.stats().map_or_else(
+                    |e| format!("statistics unavailable: {e}"),
+                    |s| s.to_string()
+                )
+            ),
+        },
+        e => e,
+    })
 }
 
 #[cfg(test)]

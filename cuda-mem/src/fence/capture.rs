@@ -532,6 +532,7 @@ pub(crate) fn note_free(token: u64) -> bool {
 
 /// Whether `s` names the legacy default stream (the null handle, `cudaStreamLegacy`, or
 /// another thread's per-thread stream, which the crate names through it).
+#[inline]
 pub(crate) fn is_legacy(s: &StreamInner) -> bool {
     (s.raw() as usize) <= 1
 }

@@ -282,8 +282,7 @@ impl Fence {
         let (op, open) = InOp::enter(inner);
         let legacy = is_legacy(inner).then(|| inner.device());
         if open || self.capture.load(Ordering::Relaxed) != 0 {
-            let _join = self.capture_gate(inner)?;
-            self.core.begin_slow(inner, bytes, access)?;
+            self.begin_under_capture(inner, bytes, access)?;
         } else {
             self.core.begin(inner, bytes, access)?;
         }
@@ -293,6 +292,21 @@ impl Fence {
             lent: inner.is_lent().then(|| inner.clone()),
             _op: op,
         })
+    }
+
+    /// [`begin_checked`](Self::begin_checked) while a capture is open anywhere or the buffer
+    /// is bound to one: the capture checks, then the tracker's locked path. Out of line, so
+    /// that the common path inlines into the operations.
+    #[cold]
+    #[inline(never)]
+    fn begin_under_capture(
+        &self,
+        inner: &Arc<StreamInner>,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<()> {
+        let _join = self.capture_gate(inner)?;
+        self.core.begin_slow(inner, bytes, access)
     }
 
     /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
@@ -395,6 +409,7 @@ impl Fence {
     /// only inside its capture (a free node of the graph); afterwards it is refused (the
     /// memory belongs to the graph, and is leaked here), as is memory whose work may be in
     /// another library's graph ([`FOREIGN_GRAPH`]).
+    #[inline]
     pub(crate) fn order_origin_mut(
         &mut self,
         bytes: (usize, usize),
@@ -456,6 +471,7 @@ impl Fence {
     /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
     /// the lock. The fence keeps `stream` ([`origin`](Self::origin)). On a stream capturing
     /// into an open capture, the allocation is graph memory of that capture.
+    #[inline]
     pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
         let mut capture = 0;
         if any_open() {
@@ -615,6 +631,8 @@ mod tests {
         static FAIL_EVENT_SYNCS: Cell<u32> = const { Cell::new(0) };
         /// Event synchronizations attempted (failed ones included).
         static EVENT_SYNCS: Cell<u32> = const { Cell::new(0) };
+        /// Stream synchronizations to fail before the next one succeeds.
+        static FAIL_STREAM_SYNCS: Cell<u32> = const { Cell::new(0) };
     }
 
     /// A backend that only counts its calls (per thread: tests run in parallel), and whose
@@ -664,7 +682,7 @@ mod tests {
             fail_or_call(&FAIL_EVENT_SYNCS)
         }
         fn sync_stream(_: &Arc<u32>) -> Result<(), ()> {
-            call()
+            fail_or_call(&FAIL_STREAM_SYNCS)
         }
     }
 
@@ -803,6 +821,36 @@ mod tests {
         );
     }
 
+    /// A locked `begin` raises the count of work in flight in the same read-modify-write that
+    /// reads it; when its ordering then fails (no record, no wait, no stream synchronization),
+    /// nothing was marked and nothing may stay counted in flight: a count left behind would
+    /// keep every later record from covering the marks (each host wait recording anew, as
+    /// after a leaked guard), until the owner's next exclusive access.
+    #[test]
+    fn a_begin_whose_ordering_fails_leaves_nothing_in_flight() {
+        let (s, other) = (Arc::new(0), Arc::new(1));
+        let t = Tracker::<Counting>::default();
+        t.mark(&other, (0, 64), Access::Write);
+        FAIL_RECORDS.with(|f| f.set(1));
+        FAIL_STREAM_SYNCS.with(|f| f.set(1));
+        assert!(t.begin(&s, (0, 64), Access::Write).is_err());
+        assert_eq!(
+            FAIL_STREAM_SYNCS.with(Cell::get),
+            0,
+            "the fallback was not tried"
+        );
+        let calls = || CALLS.with(Cell::get);
+        t.host_wait(Access::Write).unwrap();
+        let settled = calls();
+        t.host_wait(Access::Write).unwrap();
+        assert_eq!(
+            calls(),
+            settled,
+            "the failed begin stayed in flight: the covering record was not trusted"
+        );
+        assert!(t.is_idle());
+    }
+
     /// This thread's lock acquisitions by trackers since the last call.
     fn locks_since() -> usize {
         super::tracker::tests_hook::LOCKS.with(|c| c.replace(0))
@@ -838,9 +886,12 @@ mod tests {
     }
 
     /// The lock-free path is taken only while the publication stands for the state: after a
-    /// record that covers the marks, beside another stream's entry, for another stream, for a
-    /// write under read marks, outside the marked range, for another handle to the stream, and
-    /// after `begin_slow`, `begin` takes the lock (and publishes again where it can).
+    /// record that covers the marks, beside another stream's conflicting entry not waited for
+    /// as it stands, for another stream, for a write under read marks, outside the marked
+    /// range, for another handle to the stream, and after `begin_slow`, `begin` takes the lock
+    /// (and publishes again where it can). (Issue 21: beside an entry the stream waited for,
+    /// or one on other bytes, it is taken: a buffer another stream used once no longer costs
+    /// the lock on every call.)
     #[test]
     fn the_lock_free_path_stops_where_its_publication_does() {
         let (s, other) = (Arc::new(0), Arc::new(1));
@@ -863,12 +914,44 @@ mod tests {
         assert_eq!(step(&t, &s, (0, 64), w), 1, "a write under read marks");
         assert_eq!(step(&t, &s, (0, 64), w), 0);
 
-        // Another stream's entry: nothing is published while it stays.
+        // Another stream's conflicting entry: nothing is published beside it until the stream
+        // has waited for it as it stands; then the stream goes fast beside it, until the
+        // other stream marks anew.
         let t = Tracker::<Counting>::default();
         assert_eq!(step(&t, &s, (0, 64), w), 1);
         assert_eq!(step(&t, &other, (0, 8), r), 1, "another stream went fast");
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
-        assert_eq!(step(&t, &s, (0, 64), w), 1, "fast beside another entry");
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            1,
+            "fast beside an entry not waited for"
+        );
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            0,
+            "the wait for the other entry not trusted"
+        );
+        assert_eq!(step(&t, &other, (0, 8), r), 1);
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            1,
+            "fast past the other stream's new mark"
+        );
+        assert_eq!(step(&t, &s, (0, 64), w), 0);
+        // An entry on other bytes does not stop it.
+        let t = Tracker::<Counting>::default();
+        assert_eq!(step(&t, &s, (0, 32), w), 1);
+        assert_eq!(step(&t, &other, (32, 64), w), 1);
+        assert_eq!(
+            step(&t, &s, (0, 32), w),
+            1,
+            "the publication outlived a holder"
+        );
+        assert_eq!(step(&t, &s, (0, 32), w), 0, "not fast beside disjoint work");
+        assert_eq!(
+            step(&t, &s, (0, 64), w),
+            1,
+            "fast into the other stream's bytes"
+        );
 
         // Outside the marked range; then the merged range is published.
         let t = Tracker::<Counting>::default();

@@ -45,12 +45,17 @@
 //!
 //! # The lock-free path
 //!
-//! A locked `begin` that leaves the tracker with one entry *publishes* it (in `Hot`, beside
-//! the count of work in flight): the stream's [`Backend::id`], and a range `[lo, hi)` of its
-//! marks since the last record, write marks (which subsume any access by that stream) or read
-//! marks (which subsume its reads). A `begin` on that stream inside the range then only raises
-//! the count: the marks already stand for its work (the locked path would re-add them and bump
-//! the clock), and with no other entry there is nothing to order it after. The publication is
+//! A locked `begin` *publishes* its stream's entry (in `Hot`, beside the count of work in
+//! flight): the stream's [`Backend::id`], and a range `[lo, hi)` of its marks since the last
+//! record, write marks (which subsume any access by that stream) or read marks (which subsume
+//! its reads), provided that no other stream's entry would order a `begin` inside that range
+//! in that mode: every other entry either has no conflicting marks there, or was waited for
+//! by this stream as it stands (the `waited` record `order_locked` skips a wait on, which is
+//! kept only for a wait that covered every mark). A `begin` on that stream inside the range
+//! then only raises the count: the marks already stand for its work (the locked path would
+//! re-add them and bump the clock), and there is nothing to order it after (the locked path
+//! would wait for nothing). A buffer used by one stream is the common case; a buffer another
+//! stream read once (and the publishing stream waited for) is the second. The publication is
 //! guarded by a seal, `seq << 2 | mode`, that every change bumps (a seqlock generation: no
 //! A-B-A); the fast path reads the seal, the fields (acquire; the publisher stores them with
 //! release after withdrawing the last publication), raises the count, and reads the seal again.
@@ -69,11 +74,14 @@
 //!   that conflicts with it needs a borrow Rust forbids while its guard lives. Work on other
 //!   ranges (views), host reads and readers on other streams may record the entry's event
 //!   meanwhile; it covers what they need, the earlier work, not the fast work, which is on
-//!   other bytes or only reads. An entry added for another stream ends the publication (its
-//!   holder withdraws it, and a tracker with two entries publishes nothing): the next `begin`
-//!   is ordered under the lock. (Marks past `Ranges::MAX` pieces become their hull, which
-//!   may cover bytes the stream never used and another stream wrote: with one entry there is
-//!   no such stream.)
+//!   other bytes or only reads. Any change to another stream's entry (its marks, its
+//!   records) is made by a holder, which withdraws the publication first: the next `begin` is
+//!   ordered under the lock, and publishes again only if the new state allows. A `waited`
+//!   record that matches the publishing entry's clock cannot be made while the publication
+//!   stands (its maker withdraws it, and the entry's next publication follows a new mark,
+//!   which moves the clock), so no other stream skips a wait for the fast work. (Marks past
+//!   `Ranges::MAX` pieces become their hull, which may cover bytes the stream never used and
+//!   another stream wrote: the other entries are checked against the whole published range.)
 //! - *The stream is the entry's.* The published id is that of the entry's own handle, which
 //!   the entry keeps alive until a holder removes it, after withdrawing; a caller's handle with
 //!   the same id while the seal holds is therefore the same stream object.
@@ -82,8 +90,9 @@
 //! otherwise). The loom model (`cuda-mem-loom`) checks it against host waits, records, other
 //! streams' begins, exclusive accesses and republication; it fails with the increment or the
 //! holder's read of the count relaxed to a plain access, with the withdrawal removed, with the
-//! validation removed or made before the increment, with a publication beside other entries,
-//! with read marks that let writes through, or with a seal that is not bumped.
+//! validation removed or made before the increment, with a publication beside another
+//! stream's conflicting entry that was not waited for, with read marks that let writes
+//! through, or with a seal that is not bumped.
 //!
 //! # Failures
 //!
@@ -491,15 +500,18 @@ impl<B: Backend> Tracker<B> {
         }
     }
 
-    /// Publishes the one entry's un-recorded marks that cover `range` for the fast path, at the
-    /// end of a locked [`begin`](Self::begin) that just marked `range` as `access` (so no
-    /// event covers those marks, and none will until a holder of the lock, which withdraws
-    /// the publication first, records with nothing in flight). Nothing is published when the
-    /// tracker has other entries (a fast `begin` would have to be ordered after them).
-    fn publish(&self, st: &State<B>, range: (usize, usize), access: Access) {
-        let [e] = st.entries.as_slice() else {
+    /// Publishes `stream`'s un-recorded marks that cover `range` for the fast path, at the end
+    /// of a locked [`begin`](Self::begin) on `stream` that just marked `range` as `access` (so
+    /// no event covers those marks, and none will until a holder of the lock, which withdraws
+    /// the publication first, records with nothing in flight). Nothing is published while
+    /// another stream's entry would order a `begin` inside the publication (its marks conflict
+    /// with the published range in its mode, and `stream` has not waited for them as they
+    /// stand): the locked path would wait there.
+    fn publish(&self, st: &State<B>, stream: &B::Stream, range: (usize, usize), access: Access) {
+        let Some(i) = st.entries.iter().position(|e| B::same(&e.stream, stream)) else {
             return;
         };
+        let e = &st.entries[i];
         let (mode, (lo, hi)) = match (e.writes.containing(range), access) {
             (Some(piece), _) => (WRITE, piece),
             (None, Access::Read) => match e.reads.containing(range) {
@@ -509,6 +521,26 @@ impl<B: Backend> Tracker<B> {
             // (A write's range is in `writes`, just marked; an empty range is not.)
             (None, Access::Write) => return,
         };
+        // Every other entry as `order_locked` would see it for a `begin` inside `[lo, hi)` in
+        // this mode: without a conflict, or waited for by `stream` at its current clock (an
+        // `already`). Any change to another entry is made by a holder of the lock, which
+        // withdraws this publication first.
+        let widest = if mode == WRITE {
+            Access::Write
+        } else {
+            Access::Read
+        };
+        let waited = e.rec.as_deref().map_or(&[][..], |r| &r.waited[..]);
+        let clear = st.entries.iter().enumerate().all(|(j, t)| {
+            j == i
+                || !t.conflicts((lo, hi), widest)
+                || waited
+                    .iter()
+                    .any(|(s, m)| B::same(s, &t.stream) && *m == t.marked)
+        });
+        if !clear {
+            return;
+        }
         // Withdrawn by this holder's `lock`: the fields are free to write. Release stores: a
         // fast `begin` that reads one of them (acquire) sees the withdrawal that came before
         // (and so a second seal that differs from its first).
@@ -570,6 +602,7 @@ impl<B: Backend> Tracker<B> {
     /// The mark is entered lazily, at the tracker's first use: a buffer freed on its own
     /// stream without other use (a pooled buffer's whole life, often) never makes an entry,
     /// whose allocation and stream reference were two thirds of that life's bookkeeping.
+    #[inline]
     pub fn marked(stream: B::Stream, range: (usize, usize), access: Access) -> Self {
         Tracker {
             state: Mutex::new(State {
@@ -628,14 +661,21 @@ impl<B: Backend> Tracker<B> {
         publish: bool,
     ) -> Result<(), B::Error> {
         let mut st = self.lock();
-        let full = self.settled();
-        Self::order_locked(&mut st, full, stream, range, access)?;
+        // The count raised and read in one read-modify-write: what `settled` reads (the value
+        // before this begin's increment, last in the count's modification order, with its
+        // release half after the withdrawal in `lock`), and this begin in flight, under the
+        // lock, so that every other holder sees it (the order inside the critical section does
+        // not matter to them). One atomic operation fewer than `settled` and then the
+        // increment.
+        let full = self.hot.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
+        if let Err(e) = Self::order_locked(&mut st, full, stream, range, access) {
+            // Nothing was marked: nothing is in flight.
+            self.hot.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
         Self::mark_locked(&mut st, full, stream, range, access);
-        // Under the lock, so that every other holder sees it (the order inside the critical
-        // section does not matter to them).
-        self.hot.in_flight.fetch_add(1, Ordering::AcqRel);
         if publish {
-            self.publish(&st, range, access);
+            self.publish(&st, stream, range, access);
         }
         Ok(())
     }
@@ -686,16 +726,19 @@ impl<B: Backend> Tracker<B> {
     /// lock against (no locking), on the [`origin`](Self::origin) stream, which it hands back
     /// for the caller's work: a pooled buffer's free, queued where it was allocated. `None`,
     /// ordering nothing, when the tracker has no origin.
+    #[inline]
     pub fn order_origin_mut(
         &mut self,
         range: (usize, usize),
         access: Access,
     ) -> Result<Option<&B::Stream>, B::Error> {
-        // With `&mut self` no `begin` can still be queueing: a leaked guard's count goes.
+        // With `&mut self` no `begin` can still be queueing: a leaked guard's count goes, and
+        // nothing is in flight (no read-modify-write of the count is needed to know it: no
+        // other thread can touch the tracker while this borrow lives).
         self.exclusive();
         // Entries may change below (the lock is bypassed, not its rule).
         self.invalidate();
-        let full = self.settled();
+        let full = true;
         let Some(origin) = self.origin.as_ref() else {
             return Ok(None);
         };

@@ -3,6 +3,7 @@
 use std::ffi::CStr;
 use std::marker::PhantomData;
 use std::os::raw::c_int;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use cuda_mem_sys as sys;
 
@@ -170,7 +171,12 @@ impl Device {
 
     /// Makes this device current until the guard drops, then restores the previous one.
     pub fn guard(self) -> Result<DeviceGuard> {
-        let previous = Device::current()?;
+        // In a process with one device, that device is always the current one: no call.
+        let previous = if sole_device() {
+            Device { ordinal: 0 }
+        } else {
+            Device::current()?
+        };
         if previous == self {
             return Ok(DeviceGuard {
                 previous: None,
@@ -354,7 +360,85 @@ pub(crate) fn require_same(op: &'static str, expected: i32, found: i32) -> Resul
     .into())
 }
 
-/// The device current on this thread, as an ordinal (0 if the runtime cannot say).
+/// The device current on this thread, as an ordinal (0 if the runtime cannot say). In a
+/// process with one device ([`sole_device`]) that is 0, known without a call: the hot path's
+/// checks of the legacy stream's device cost no `cudaGetDevice` there.
+#[inline]
 pub(crate) fn current_ordinal() -> i32 {
+    if sole_device() {
+        return 0;
+    }
+    current_ordinal_call()
+}
+
+/// [`current_ordinal`] by asking the runtime (`cudaGetDevice`).
+#[inline(never)]
+fn current_ordinal_call() -> i32 {
     Device::current().map(Device::ordinal).unwrap_or(0)
+}
+
+/// What [`sole_device`] learnt: not yet asked (or the runtime could not say), one device,
+/// several.
+static DEVICES: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const ONE: u8 = 1;
+const SEVERAL: u8 = 2;
+
+/// Whether the process has exactly one device, so that device 0 is the current device of
+/// every thread whatever anyone set (`cudaSetDevice` accepts no other ordinal, and a driver
+/// context made current by another library is a context of that device too). The count is
+/// asked once (`cudaGetDeviceCount`) and kept: the runtime enumerates the devices once per
+/// process, at its initialisation (which that first call makes), under the
+/// `CUDA_VISIBLE_DEVICES` of that moment, and the count never changes afterwards. A count the
+/// runtime cannot give (no driver) is not kept, and answers false.
+#[inline]
+pub(crate) fn sole_device() -> bool {
+    match DEVICES.load(Ordering::Relaxed) {
+        ONE => true,
+        SEVERAL => false,
+        _ => count_devices(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn count_devices() -> bool {
+    match Device::count() {
+        Ok(n) => {
+            DEVICES.store(if n == 1 { ONE } else { SEVERAL }, Ordering::Relaxed);
+            n == 1
+        }
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One device is known as such (then device 0 is current everywhere, without a call);
+    /// a count the runtime cannot give (no driver) is never kept, so that no process is
+    /// taken for a one-device one by mistake, and the current device is then asked for.
+    #[test]
+    fn only_a_count_of_one_lets_the_current_device_go_unasked() {
+        match Device::count() {
+            Ok(n) => {
+                assert_eq!(sole_device(), n == 1);
+                assert_eq!(
+                    DEVICES.load(Ordering::Relaxed),
+                    if n == 1 { ONE } else { SEVERAL }
+                );
+                assert_eq!(current_ordinal(), current_ordinal_call());
+            }
+            Err(_) => {
+                assert!(!sole_device());
+                assert_eq!(
+                    DEVICES.load(Ordering::Relaxed),
+                    UNKNOWN,
+                    "a failed count was kept"
+                );
+                assert_eq!(current_ordinal(), 0);
+            }
+        }
+    }
 }

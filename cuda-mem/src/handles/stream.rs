@@ -93,8 +93,9 @@ impl StreamInner {
     }
 
     /// Whether this is a per-thread default stream of another thread than the calling one.
+    #[inline]
     pub(crate) fn is_foreign_per_thread(&self) -> bool {
-        self.thread.is_some_and(|t| t != thread::current().id())
+        self.thread.is_some_and(|t| t != current_thread())
     }
 
     pub(crate) fn device(&self) -> i32 {
@@ -141,25 +142,35 @@ impl StreamInner {
     /// the current one (the runtime would queue it on the current device's stream instead),
     /// and work queued on a per-thread default stream from another thread than its own (the
     /// handle would name that thread's stream).
+    ///
+    /// On the hot path of every queued operation: a test for streams this crate made or
+    /// borrowed (only the default streams have a thread, see `per_thread_on`), and for the
+    /// default streams no runtime call where the process has one device (see
+    /// [`current_ordinal`](crate::handles::devices::current_ordinal)).
+    #[inline]
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
         if (self.raw as usize) <= PER_THREAD_HANDLE {
-            crate::handles::devices::require_same(
-                op,
-                self.device,
-                crate::handles::devices::current_ordinal(),
-            )?;
-        }
-        if self.is_foreign_per_thread() {
-            return Err(Misuse::InvalidArgument {
-                op,
-                reason: "the stream is another thread's per-thread default stream \
-                         (cudaStreamPerThread names a different stream on every thread): \
-                         queue work on it from the thread that made it"
-                    .to_string(),
+            let current = crate::handles::devices::current_ordinal();
+            if current != self.device || self.is_foreign_per_thread() {
+                return self.refuse(op, current);
             }
-            .into());
         }
         Ok(())
+    }
+
+    /// [`check_current`](Self::check_current)'s refusal, out of line.
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, op: &'static str, current: i32) -> Result<()> {
+        crate::handles::devices::require_same(op, self.device, current)?;
+        Err(Misuse::InvalidArgument {
+            op,
+            reason: "the stream is another thread's per-thread default stream \
+                     (cudaStreamPerThread names a different stream on every thread): \
+                     queue work on it from the thread that made it"
+                .to_string(),
+        }
+        .into())
     }
 
     /// Whether two handles name the same stream: the same handle on the same device (the
@@ -298,7 +309,7 @@ impl Stream {
                 PER_THREAD_HANDLE as sys::cudaStream_t,
                 false,
                 device,
-                Some(thread::current().id()),
+                Some(current_thread()),
                 None,
             ),
         }
@@ -449,6 +460,25 @@ impl Drop for DrainAtExit {
     }
 }
 
+/// The calling thread's id, kept per thread: `thread::current()` takes a reference to the
+/// thread's handle (an atomic increment and decrement on threads that Rust did not start
+/// first), on every runtime call naming a per-thread default stream (`StreamInner::raw`).
+fn current_thread() -> ThreadId {
+    thread_local! {
+        static ME: std::cell::Cell<Option<ThreadId>> = const { std::cell::Cell::new(None) };
+    }
+    // (While the thread's locals are being destroyed: asked anew.)
+    ME.try_with(|me| match me.get() {
+        Some(id) => id,
+        None => {
+            let id = thread::current().id();
+            me.set(Some(id));
+            id
+        }
+    })
+    .unwrap_or_else(|_| thread::current().id())
+}
+
 /// `cudaStreamSynchronize`; for another thread's per-thread default stream, which cannot be
 /// named here, `cudaDeviceSynchronize` of its device (the rare fallback of a fence whose event
 /// record failed, or `Stream::synchronize` from another thread).
@@ -465,4 +495,49 @@ pub(crate) fn sync_stream(s: &StreamInner) -> Result<()> {
     check(unsafe { sys::cudaStreamSynchronize(s.raw()) }, || {
         format!("cudaStreamSynchronize({:p})", s.raw)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    /// A per-thread default stream is its own thread's only: queueing on it from another
+    /// thread is refused with the exact misuse, before any runtime call that could queue (the
+    /// thread's id is kept per thread: a cache shared by threads would let the other thread
+    /// through, or refuse the owner).
+    #[test]
+    fn another_threads_per_thread_stream_is_refused_and_the_owners_is_not() {
+        let s = Stream::per_thread_on(0);
+        let op = "queueing work";
+        assert!(!s.inner().is_foreign_per_thread());
+        if Device::count().is_err() {
+            // Without a driver the current device reads as 0: the device check passes.
+            assert_eq!(s.inner().check_current(op), Ok(()));
+        }
+        let inner = s.inner().clone();
+        let (foreign, refused) = thread::spawn(move || {
+            let foreign = inner.is_foreign_per_thread();
+            (foreign, inner.check_current(op))
+        })
+        .join()
+        .unwrap();
+        assert!(
+            foreign,
+            "another thread's per-thread stream was seen as its own"
+        );
+        match refused {
+            Err(Error::Misuse(Misuse::InvalidArgument { op: o, reason })) => {
+                assert_eq!(o, op);
+                assert!(reason.contains("another thread's per-thread default stream"));
+            }
+            // With several devices the other thread's current device may differ first.
+            Err(Error::Misuse(Misuse::DeviceMismatch { .. })) if Device::count().is_ok() => {}
+            r => panic!("not refused as another thread's stream: {r:?}"),
+        }
+        assert!(
+            !s.inner().is_foreign_per_thread(),
+            "the owner lost its stream"
+        );
+    }
 }

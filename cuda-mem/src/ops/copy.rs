@@ -236,7 +236,7 @@ where
     // borrowed by a `scope`, the scope waits before it returns); pending conflicting work was
     // ordered before it by `begin`.
     let code = unsafe { sys::cudaMemcpyAsync(d.cast(), s.cast(), bytes, kind, stream.as_raw()) };
-    check(code, || {
+    checked(code, || {
         format!(
             "cudaMemcpyAsync({d:p}, {s:p}, {bytes} bytes, {}, stream {:p})",
             Loc::kind_name(kind),
@@ -263,12 +263,29 @@ where
     // guard, which ordered the fill after conflicting work and records it (the owner waits for
     // it before host access or free).
     let code = unsafe { sys::cudaMemsetAsync(p.cast(), byte.into(), bytes, stream.as_raw()) };
-    check(code, || {
+    checked(code, || {
         format!(
             "cudaMemsetAsync({p:p}, {byte}, {bytes} bytes, stream {:p})",
             stream.as_raw()
         )
     })
+}
+
+/// [`check`] for the hot path: the success test inline, the failure (the runtime's last error
+/// cleared, the message formatted) out of line.
+#[inline(always)]
+fn checked(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
+    if code == sys::cudaError::cudaSuccess {
+        Ok(())
+    } else {
+        failed(code, call)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn failed(code: sys::cudaError_t, call: impl FnOnce() -> String) -> Result<()> {
+    check(code, call)
 }
 
 /// The device buffer's asynchronous fill: [`memset_async`] on it.

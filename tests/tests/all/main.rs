@@ -15,6 +15,7 @@ mod faults;
 mod graph;
 mod holes;
 mod host_speed;
+mod hot;
 mod interop;
 mod ipc;
 mod launch;

@@ -1,0 +1,290 @@
+//! The host overhead of the hot path over the raw runtime call, per call: `copy_async` (4 KiB,
+//! pinned to device and back), `memset_async`, the guards `device_ptr` / `device_ptr_mut`
+//! (each followed by the raw call it guards), on the legacy default stream and on a
+//! non-blocking stream, for buffers used by that stream alone (`one`) and by two (`two`: before
+//! each sample another stream reads them and is synchronized), each configuration starting
+//! from idle fences; the fence bookkeeping alone
+//! around the raw copy (`fence_only`); a pooled `DeviceBuffer` allocated and freed against the
+//! raw `cudaMallocFromPoolAsync` + `cudaFreeAsync`; and the pooled pair's bookkeeping with
+//! stand-in handles (`pool_bookkeeping`, as the example of that name). The rows are those of
+//! `cuda-mem bench --sections calls` (`overhead_*`), made without the spin kernel that holds
+//! the stream there.
+//!
+//! Made to run on the CPU against the fake runtime of `scripts/fakecudart` (whose calls return
+//! at once, so only the host side is timed), where `perf` can see where the cycles go:
+//! `scripts/fakecudart/run.sh` builds both and runs this. It runs on a GPU as well (the raw
+//! and our calls then queue real work, and each sample ends with a synchronize).
+//!
+//! Run: `cargo run --release -p cuda-mem --features measure --example hot_path [samples]
+//! [calls per sample]` (defaults 21 and 256); `HOT_PATH_ONLY=text` runs only the rows whose
+//! "row config" contains `text` (and then stops before the pool rows unless they match).
+
+use std::os::raw::c_void;
+use std::time::Instant;
+
+use cuda_mem::sys::cudaMemcpyKind as K;
+use cuda_mem::{
+    check, copy_async, memset_async, sys, DeviceBuffer, DevicePtr as _, DevicePtrMut as _,
+    HostAllocFlags, MemPool, PinnedBuffer, Result, Stream,
+};
+
+/// Bytes of each call.
+const SMALL: usize = 4096;
+
+/// The rows of each stream configuration, in order.
+const OPS: [&str; 6] = [
+    "copy_h2d",
+    "copy_d2h",
+    "memset",
+    "device_ptr",
+    "device_ptr_mut",
+    "fence_only",
+];
+
+/// The buffers (4 KiB each) and the fence-only ablation's two fences.
+struct Small {
+    host: PinnedBuffer<u8>,
+    dev: DeviceBuffer<u8>,
+    other_host: PinnedBuffer<u8>,
+    other_dev: DeviceBuffer<u8>,
+    fences: cuda_mem::measure::FencePair,
+}
+
+/// Raw `cudaMemcpyAsync`.
+///
+/// # Safety
+/// As the runtime's: `dst` and `src` valid for `SMALL` bytes of the copy `kind`, untouched by
+/// the host until the stream has passed the copy.
+unsafe fn raw_copy(dst: *mut c_void, src: *const c_void, kind: K, s: &Stream) -> Result<()> {
+    // SAFETY: the caller's promise.
+    let code = unsafe { sys::cudaMemcpyAsync(dst, src, SMALL, kind, s.as_raw()) };
+    check(code, || "cudaMemcpyAsync".into())
+}
+
+/// Raw `cudaMemsetAsync` of `SMALL` bytes to zero.
+///
+/// # Safety
+/// `d` is device memory of `SMALL` bytes, untouched by the host until the stream has passed
+/// the fill.
+unsafe fn raw_memset(d: *mut c_void, s: &Stream) -> Result<()> {
+    // SAFETY: the caller's promise.
+    let code = unsafe { sys::cudaMemsetAsync(d, 0, SMALL, s.as_raw()) };
+    check(code, || "cudaMemsetAsync".into())
+}
+
+impl Small {
+    /// One call of `op` on `s`: ours (`ours`) or the raw call alone.
+    fn call(&mut self, op: &str, ours: bool, s: &Stream) -> Result<()> {
+        let h: *mut c_void = self.host.as_mut_ptr().cast();
+        let d: *mut c_void = self.dev.as_mut_ptr().cast();
+        // Every raw call below: the pointers are the 4 KiB buffers of `self`, which outlive
+        // the calls; every sample synchronizes the stream before they are used otherwise or
+        // freed, and the host never touches them meanwhile.
+        match (op, ours) {
+            ("copy_h2d", true) => copy_async(&mut self.dev, &self.host, s),
+            // SAFETY: as above.
+            ("copy_h2d", false) => unsafe { raw_copy(d, h, K::cudaMemcpyHostToDevice, s) },
+            ("copy_d2h", true) => copy_async(&mut self.host, &self.dev, s),
+            // SAFETY: as above.
+            ("copy_d2h", false) => unsafe { raw_copy(h, d, K::cudaMemcpyDeviceToHost, s) },
+            ("memset", true) => memset_async(&mut self.dev, 0, s),
+            // SAFETY: as above.
+            ("memset", false) => unsafe { raw_memset(d, s) },
+            ("device_ptr", true) => {
+                let g = self.dev.device_ptr(s)?;
+                // SAFETY: as above; the guard ordered `s` and records the copy.
+                unsafe { raw_copy(h, g.as_ptr().cast(), K::cudaMemcpyDeviceToHost, s) }
+            }
+            // SAFETY: as above.
+            ("device_ptr", false) => unsafe { raw_copy(h, d, K::cudaMemcpyDeviceToHost, s) },
+            ("device_ptr_mut", true) => {
+                let g = self.dev.device_ptr_mut(s)?;
+                // SAFETY: as above; the guard ordered `s` and records the fill.
+                unsafe { raw_memset(g.as_mut_ptr().cast(), s) }
+            }
+            // SAFETY: as above.
+            ("device_ptr_mut", false) => unsafe { raw_memset(d, s) },
+            // SAFETY: as above (fences that no buffer owns: the raw copy's host pointer is
+            // never read while it may run).
+            ("fence_only", true) => self.fences.around(s, SMALL, || unsafe {
+                raw_copy(d, h, K::cudaMemcpyHostToDevice, s)
+            })?,
+            // SAFETY: as above.
+            _ => unsafe { raw_copy(d, h, K::cudaMemcpyHostToDevice, s) },
+        }
+    }
+
+    /// Another stream's use of the buffers (the `two` rows): it reads both, then is
+    /// synchronized.
+    fn use_on(&mut self, other: &Stream) -> Result<()> {
+        copy_async(&mut self.other_host, &self.dev, other)?;
+        copy_async(&mut self.other_dev, &self.host, other)?;
+        other.synchronize()
+    }
+}
+
+/// Nanoseconds per call of `calls` calls of `f`.
+fn time_ns(calls: u32, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let t = Instant::now();
+    for _ in 0..calls {
+        f()?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e9 / f64::from(calls))
+}
+
+/// The median, or with `$HOT_PATH_MIN` set the minimum (steadier on a loaded machine: other
+/// processes only ever add time).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if std::env::var_os("HOT_PATH_MIN").is_some() {
+        return v[0];
+    }
+    v[v.len() / 2]
+}
+
+/// `samples` interleaved samples of ours and raw (`sample(true)`, `sample(false)`, the first
+/// of each pair alternating), after one warm-up of each: the medians.
+fn paired(samples: usize, mut sample: impl FnMut(bool) -> Result<f64>) -> Result<(f64, f64)> {
+    sample(true)?;
+    sample(false)?;
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    for i in 0..samples {
+        for o in [i % 2 == 0, i % 2 != 0] {
+            let t = sample(o)?;
+            if o {
+                ours.push(t);
+            } else {
+                raw.push(t);
+            }
+        }
+    }
+    Ok((median(ours), median(raw)))
+}
+
+/// Whether the row `name` ("op config") is to run: all of them, or those that contain
+/// `$HOT_PATH_ONLY` (for `perf` on one row).
+fn only(name: &str) -> bool {
+    std::env::var("HOT_PATH_ONLY").map_or(true, |f| name.contains(&f))
+}
+
+fn print_row(op: &str, config: &str, (ours, raw): (f64, f64)) {
+    println!(
+        "{op:<18} {config:<18} {ours:>8.1} {raw:>8.1} {:>+8.1}",
+        ours - raw
+    );
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<u32>());
+    let samples = args.next().transpose()?.unwrap_or(21).max(1) as usize;
+    let calls = args.next().transpose()?.unwrap_or(256).max(1);
+    println!(
+        "cudart: {} (medians of {samples} samples x {calls} calls, ns per call)",
+        sys::runtime_library().unwrap_or("linked")
+    );
+    println!(
+        "{:<18} {:<18} {:>8} {:>8} {:>8}",
+        "row", "config", "ours", "raw", "over"
+    );
+    let mut small = Small {
+        host: PinnedBuffer::zeroed(SMALL, HostAllocFlags::DEFAULT)?,
+        dev: DeviceBuffer::zeroed(SMALL)?,
+        other_host: PinnedBuffer::zeroed(SMALL, HostAllocFlags::DEFAULT)?,
+        other_dev: DeviceBuffer::zeroed(SMALL)?,
+        fences: cuda_mem::measure::FencePair::new(),
+    };
+    let (legacy, nb, other) = (
+        Stream::legacy_default(),
+        Stream::non_blocking()?,
+        Stream::non_blocking()?,
+    );
+    let configs: [(&str, &Stream, bool); 4] = [
+        ("legacy/one", &legacy, false),
+        ("legacy/two", &legacy, true),
+        ("non-blocking/one", &nb, false),
+        ("non-blocking/two", &nb, true),
+    ];
+    for (config, s, two) in configs {
+        // Each configuration starts from idle fences: a buffer that an earlier configuration's
+        // stream used would otherwise be a buffer used by two streams.
+        for b in [&small.host, &small.other_host] {
+            b.synchronize()?;
+        }
+        for b in [&small.dev, &small.other_dev] {
+            b.synchronize()?;
+        }
+        small.fences = cuda_mem::measure::FencePair::new();
+        for op in OPS {
+            if !only(&format!("{op} {config}")) {
+                continue;
+            }
+            let t = paired(samples, |ours| {
+                if two {
+                    small.use_on(&other)?;
+                }
+                let t = time_ns(calls, || small.call(op, ours, s))?;
+                s.synchronize()?;
+                Ok(t)
+            })?;
+            print_row(op, config, t);
+        }
+    }
+
+    // A pooled buffer's allocation and free against the raw pair, on the non-blocking stream.
+    if !only("pool_alloc_free non-blocking") {
+        return Ok(());
+    }
+    let pool = MemPool::new(nb.device())?;
+    let t = paired(samples, |ours| {
+        let t = time_ns(calls, || {
+            if ours {
+                DeviceBuffer::<u64>::from_pool(&pool, SMALL / 8, &nb)?.free()
+            } else {
+                let mut p: *mut c_void = std::ptr::null_mut();
+                // SAFETY: valid out-pointer; live pool and stream handles.
+                let code = unsafe {
+                    sys::cudaMallocFromPoolAsync(&mut p, SMALL, pool.as_raw(), nb.as_raw())
+                };
+                check(code, || "cudaMallocFromPoolAsync".into())?;
+                // SAFETY: `p` was just allocated on `nb` and is used by nothing; freed once.
+                let code = unsafe { sys::cudaFreeAsync(p, nb.as_raw()) };
+                check(code, || "cudaFreeAsync".into())
+            }
+        })?;
+        nb.synchronize()?;
+        Ok(t)
+    })?;
+    print_row("pool_alloc_free", "non-blocking", t);
+
+    // The same pair's bookkeeping alone, with stand-in handles.
+    let pairs = calls * 64;
+    let mut ns = Vec::with_capacity(samples);
+    cuda_mem::measure::detached_pool_pairs(pairs, SMALL)?;
+    for _ in 0..samples {
+        let t = cuda_mem::measure::detached_pool_pairs(pairs, SMALL)?;
+        ns.push(t.as_secs_f64() * 1e9 / f64::from(pairs));
+    }
+    println!(
+        "{:<18} {:<18} {:>8.1}",
+        "pool_bookkeeping",
+        "stand-in",
+        median(ns)
+    );
+
+    // What the calls wrote landed (on a GPU; the fake runtime's asynchronous calls do not
+    // copy): a pattern to the device and back through the same entry points.
+    if sys::runtime_library().is_some_and(|p| p.contains("fake")) {
+        return Ok(());
+    }
+    let pattern = |i: usize| (i as u8).wrapping_mul(7) ^ 0xa5;
+    for (i, b) in small.host.as_mut_slice()?.iter_mut().enumerate() {
+        *b = pattern(i);
+    }
+    copy_async(&mut small.dev, &small.host, &nb)?;
+    copy_async(&mut small.other_host, &small.dev, &legacy)?;
+    let back = small.other_host.as_slice()?;
+    if let Some((i, &b)) = back.iter().enumerate().find(|&(i, &b)| b != pattern(i)) {
+        anyhow::bail!("byte {i}: got {b:#04x}, expected {:#04x}", pattern(i));
+    }
+    Ok(())
+}
