@@ -31,6 +31,7 @@ mod readme_snippets;
 mod registered;
 mod review;
 mod review3;
+mod review4;
 mod soundness;
 mod staged;
 mod views;
