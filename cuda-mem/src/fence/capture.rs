@@ -914,6 +914,56 @@ mod tests {
         );
     }
 
+    /// Review 4: a guard kept by a thread-local that is destroyed *after* the slot's owner
+    /// (registered before the thread's first operation, so destroyed later: thread-local
+    /// destructors run in reverse order of registration) is still queueing work while its
+    /// thread exits. Its operation must still hold a capture begin on its stream up until it
+    /// ends; abandoning the slot when the owner is destroyed let the begin through at once
+    /// (work queued from that destructor could then land in the capture unseen).
+    #[test]
+    fn an_operation_kept_by_a_later_thread_local_still_holds_captures() {
+        use std::cell::RefCell;
+        const S: usize = 0xac10;
+        type Ends = (mpsc::Sender<()>, mpsc::Receiver<()>);
+        struct Keeper(Option<InOp>, Option<Ends>);
+        impl Drop for Keeper {
+            fn drop(&mut self) {
+                if let Some((in_dtor, release)) = self.1.take() {
+                    // Still in the operation: the slot's owner is destroyed already.
+                    in_dtor.send(()).unwrap();
+                    let _ = release.recv();
+                }
+                drop(self.0.take());
+            }
+        }
+        thread_local! {
+            static KEEPER: RefCell<Option<Keeper>> = const { RefCell::new(None) };
+        }
+        let (in_dtor_tx, in_dtor_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        let t = thread::spawn(move || {
+            // Registered first (destroyed last), then the slot's owner, at the operation.
+            KEEPER.with(|k| *k.borrow_mut() = Some(Keeper(None, Some((in_dtor_tx, release_rx)))));
+            let (op, _) = InOp::enter_id(S);
+            KEEPER.with(|k| k.borrow_mut().as_mut().unwrap().0 = Some(op));
+        });
+        in_dtor_rx.recv().unwrap();
+        let released = Arc::new(AtomicBool::new(false));
+        let r = released.clone();
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            r.store(true, Ordering::SeqCst);
+            release_tx.send(()).unwrap();
+        });
+        wait_for_ops(S).unwrap();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the capture began while the exiting thread's operation was still in flight"
+        );
+        releaser.join().unwrap();
+        t.join().unwrap();
+    }
+
     /// The capturing thread's own operation (a device pointer guard alive) refuses the capture
     /// begin with the exact misuse, before any call.
     #[test]
