@@ -182,12 +182,86 @@ impl Drop for MySlot {
             if s.is_idle() {
                 slot_registry().free.push(s);
             } else {
-                // Operations still in it (guards leaked, or kept by a thread-local destroyed
-                // later): it stops holding captures up, and is never handed out again.
-                s.abandon();
+                // Operations still in it: guards leaked, or kept by a thread-local destroyed
+                // later, whose destructor may still queue work through them. The slot holds
+                // captures up until its thread has exited ([`orphans`]).
+                orphans::left(s);
             }
         }
     }
+}
+
+/// Slots whose owner was destroyed with operations still in them. Such an operation is either
+/// leaked (`mem::forget` of its guard: it never ends) or kept by a thread-local destroyed
+/// after the slot's owner, whose destructor may still queue work through it: the slot keeps
+/// holding captures up while its thread lives, and is abandoned ([`Slot::abandon`], never
+/// handed out again) once the thread has exited, as a capture begin finds. (Abandoning it when
+/// the owner is destroyed let a capture begin run past work still being queued.)
+#[cfg(target_os = "linux")]
+mod orphans {
+    use std::sync::{Mutex, MutexGuard};
+
+    use super::Slot;
+
+    /// The orphaned slots and their threads' kernel thread ids.
+    static ORPHANS: Mutex<Vec<(&'static Slot, libc::pid_t)>> = Mutex::new(Vec::new());
+
+    fn orphans() -> MutexGuard<'static, Vec<(&'static Slot, libc::pid_t)>> {
+        // Nothing panics while holding it; recover the list anyway.
+        ORPHANS.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The calling thread's slot `s` is left busy by its owner (the thread is exiting).
+    pub(super) fn left(s: &'static Slot) {
+        // SAFETY: gettid takes no argument and touches no memory.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
+        orphans().push((s, tid));
+    }
+
+    /// Whether the thread `tid` of this process has exited (or cannot be told apart from one
+    /// that has: no `/proc`). A zombie or dead task has exited.
+    fn exited(tid: libc::pid_t) -> bool {
+        match std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) {
+            // The state follows the command name, which is in parentheses.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_none_or(|state| matches!(state, 'Z' | 'X' | 'x')),
+            Err(_) => true,
+        }
+    }
+
+    /// Settles the orphans whose threads have exited (all of them, or `only` that one):
+    /// abandoned where an operation is still in them, handed back for reuse where not.
+    pub(super) fn settle(only: Option<&Slot>) {
+        let mut o = orphans();
+        if o.is_empty() {
+            return;
+        }
+        o.retain(|&(s, tid)| {
+            if only.is_some_and(|m| !std::ptr::eq(m, s)) || !exited(tid) {
+                return true;
+            }
+            if s.is_idle() {
+                super::slot_registry().free.push(s);
+            } else {
+                s.abandon();
+            }
+            false
+        });
+    }
+}
+
+/// Without a way to tell when a thread has exited: a slot left busy is abandoned at once.
+#[cfg(not(target_os = "linux"))]
+mod orphans {
+    use super::Slot;
+
+    pub(super) fn left(s: &'static Slot) {
+        s.abandon();
+    }
+
+    pub(super) fn settle(_only: Option<&Slot>) {}
 }
 
 thread_local! {
@@ -383,17 +457,30 @@ fn in_op() -> bool {
 /// microseconds, but a device pointer guard lasts as long as its holder keeps it, and a guard
 /// leaked with `mem::forget` keeps its thread's slot busy until that thread exits.
 fn wait_for_ops(id: usize) -> Result<()> {
+    orphans::settle(None);
     let slots = slot_registry().all.clone();
     let me = FAST.with(std::cell::Cell::get);
     let others = slots
         .into_iter()
         .filter(|s| !me.is_some_and(|m| std::ptr::eq(m, *s)));
     let deadline = std::time::Instant::now() + OPS_WAIT_LIMIT;
-    let mut backoff = |round: u32| backoff(round, deadline);
-    let mut done = handshake::wait_for_ops(others, id, &mut backoff);
+    let mut done = true;
+    for slot in others {
+        // A slot whose thread is exiting holds the begin up until that thread has exited.
+        let mut backoff = |round: u32| {
+            if round % 32 == 31 {
+                orphans::settle(Some(slot));
+            }
+            backoff(round, deadline)
+        };
+        if !handshake::wait_for_ops([slot], id, &mut backoff) {
+            done = false;
+            break;
+        }
+    }
     let mut round = 0;
     while done && LATE.load(Ordering::SeqCst) != 0 {
-        done = backoff(round);
+        done = backoff(round, deadline);
         round += 1;
     }
     if done {
@@ -913,6 +1000,56 @@ mod tests {
                 .any(|s| *s as *const Slot as usize == leaked),
             "an abandoned slot was handed back for reuse"
         );
+    }
+
+    /// Review 4: a guard kept by a thread-local that is destroyed *after* the slot's owner
+    /// (registered before the thread's first operation, so destroyed later: thread-local
+    /// destructors run in reverse order of registration) is still queueing work while its
+    /// thread exits. Its operation must still hold a capture begin on its stream up until it
+    /// ends; abandoning the slot when the owner is destroyed let the begin through at once
+    /// (work queued from that destructor could then land in the capture unseen).
+    #[test]
+    fn an_operation_kept_by_a_later_thread_local_still_holds_captures() {
+        use std::cell::RefCell;
+        const S: usize = 0xac10;
+        type Ends = (mpsc::Sender<()>, mpsc::Receiver<()>);
+        struct Keeper(Option<InOp>, Option<Ends>);
+        impl Drop for Keeper {
+            fn drop(&mut self) {
+                if let Some((in_dtor, release)) = self.1.take() {
+                    // Still in the operation: the slot's owner is destroyed already.
+                    in_dtor.send(()).unwrap();
+                    let _ = release.recv();
+                }
+                drop(self.0.take());
+            }
+        }
+        thread_local! {
+            static KEEPER: RefCell<Option<Keeper>> = const { RefCell::new(None) };
+        }
+        let (in_dtor_tx, in_dtor_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        let t = thread::spawn(move || {
+            // Registered first (destroyed last), then the slot's owner, at the operation.
+            KEEPER.with(|k| *k.borrow_mut() = Some(Keeper(None, Some((in_dtor_tx, release_rx)))));
+            let (op, _) = InOp::enter_id(S);
+            KEEPER.with(|k| k.borrow_mut().as_mut().unwrap().0 = Some(op));
+        });
+        in_dtor_rx.recv().unwrap();
+        let released = Arc::new(AtomicBool::new(false));
+        let r = released.clone();
+        let releaser = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            r.store(true, Ordering::SeqCst);
+            release_tx.send(()).unwrap();
+        });
+        wait_for_ops(S).unwrap();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the capture began while the exiting thread's operation was still in flight"
+        );
+        releaser.join().unwrap();
+        t.join().unwrap();
     }
 
     /// The capturing thread's own operation (a device pointer guard alive) refuses the capture

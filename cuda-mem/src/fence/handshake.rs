@@ -129,9 +129,10 @@ impl Slot {
         self.depth.load(Ordering::Relaxed) == 0
     }
 
-    /// The owner thread exits with operations still in the slot (their guards leaked, or kept
-    /// by another thread-local that is destroyed later): the slot stops holding captures up and
-    /// is never handed out again (a late `exit` must not make it busy).
+    /// The owner thread has exited with operations still in the slot (their guards leaked):
+    /// the slot stops holding captures up and is never handed out again (a late `exit` must
+    /// not make it busy). Not before the thread has exited: a guard kept by a thread-local
+    /// destroyed late may still be queueing work.
     pub fn abandon(&self) {
         self.depth.store(ABANDONED, Ordering::Relaxed);
         let seq = self.seq.load(Ordering::Relaxed);

@@ -169,9 +169,15 @@ impl<T: Pod> Exporter<T> {
         stream.inner().check_current(op)?;
         let _g = stream.inner().enter()?;
         let bytes = self.buf.byte_len();
-        self.buf
+        // `begin`, not `order`: the record is in flight for capture begins until it has
+        // returned (the handshake), so a capture that another thread begins on `stream`
+        // meanwhile either waits for it or is seen here and refused. After `order` alone, the
+        // record could land in that capture: the event would stand for nothing outside it, and
+        // the importer would wait on it for nothing.
+        let _queued = self
+            .buf
             .async_fence()
-            .order(stream, (0, bytes), Access::Write)?;
+            .begin(stream, (0, bytes), Access::Write)?;
         self.event.record(stream)
     }
 

@@ -410,9 +410,14 @@ impl<T: Pod> Importer<T> {
         let (Some(buf), Some((handle, event))) = (&self.buf, &self.event) else {
             return Err(refuse(OP, "the buffer is closed"));
         };
-        buf.fence
-            .order(stream, (0, buf.byte_len()), Access::Write)?;
-        event.record(stream)?;
+        {
+            // In flight for capture begins until the record has returned (see
+            // `Exporter::record`).
+            let _queued = buf
+                .fence
+                .begin(stream, (0, buf.byte_len()), Access::Write)?;
+            event.record(stream)?;
+        }
         self.held = false;
         self.generation += 1;
         self.chan.send(

@@ -32,6 +32,7 @@ mod readme_snippets;
 mod registered;
 mod review;
 mod review3;
+mod review4;
 mod soundness;
 mod staged;
 mod views;
