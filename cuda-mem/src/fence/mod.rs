@@ -466,26 +466,6 @@ impl Fence {
         })
     }
 
-    /// A new fence that records work queued on `stream` already, accessing `bytes`: a
-    /// stream-ordered allocation's (a write on its stream), so that other streams and the host
-    /// wait until the stream has reached it. As [`mark`](Self::mark) on a new fence, without
-    /// the lock. The fence keeps `stream` ([`origin`](Self::origin)). On a stream capturing
-    /// into an open capture, the allocation is graph memory of that capture.
-    #[inline]
-    pub(crate) fn marked(stream: &Stream, bytes: (usize, usize), access: Access) -> Fence {
-        let mut capture = 0;
-        if any_open() {
-            if let Some(token) = capture_of(stream.inner()) {
-                capture::note_alloc(token);
-                capture = token | GRAPH_MEMORY;
-            }
-        }
-        Fence {
-            core: Tracker::marked(stream.inner().clone(), bytes, access),
-            capture: AtomicU64::new(capture),
-        }
-    }
-
     /// The stream a [`marked`](Self::marked) fence was made with: a pooled buffer's
     /// allocation stream, where its free is queued.
     pub(crate) fn origin(&self) -> Option<&Stream> {
@@ -600,7 +580,7 @@ pub(crate) struct AllocEntry<'s> {
 }
 
 impl AllocEntry<'_> {
-    /// The fence of the allocation, queued now: [`Fence::marked`], graph memory of the capture
+    /// The fence of the allocation, queued now (marked by a write on its stream), graph memory of the capture
     /// seen at [`Fence::queue_alloc`] (and no other: a capture seen only now began after the
     /// call).
     pub(crate) fn marked(self, bytes: (usize, usize), access: Access) -> Fence {

@@ -256,8 +256,12 @@ impl<T: Pod> ImportedBuffer<T> {
         // From here on an error drops `buf`, which unmaps it (its fence is idle).
         let event = Event::open_ipc(&handle.event, owner)?;
         let _s = stream.inner().enter()?;
+        // The wait is queued work: in flight for capture begins until the fence holds it (a
+        // capture begun meanwhile on `stream` by another thread would otherwise make the
+        // mapping count as its graph memory).
+        let queued = Fence::queue_alloc(stream)?;
         event.wait_on(stream)?;
-        buf.fence = Fence::marked(stream, (0, buf.byte_len()), Access::Write);
+        buf.fence = queued.marked((0, buf.byte_len()), Access::Write);
         Ok((buf, event))
     }
 

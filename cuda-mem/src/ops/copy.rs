@@ -66,10 +66,17 @@ where
     // wait for the stream as `cudaMemcpy` does, so back-to-back small copies overlap their
     // transfers with the next call's staging (as cudarc's and C++'s async copies from
     // pageable memory do). Every other pair keeps `cudaMemcpy`.
-    let pageable = matches!(
-        (src.loc(), dst.loc()),
-        (Loc::Pageable, Loc::Device) | (Loc::Device, Loc::Pageable)
-    );
+    //
+    // A plain slice is `Loc::Pageable` whatever it points to, and for memory the driver knows
+    // (a slice of a pinned, mapped, registered or managed buffer) `cudaMemcpyAsync` is fully
+    // asynchronous: it would return before the copy read or wrote the slice, with nothing
+    // tracking it. So the host pointer is asked first (`cudaPointerGetAttributes`, a fraction
+    // of the copy's cost) and only truly pageable memory takes this path.
+    let pageable = match (src.loc(), dst.loc()) {
+        (Loc::Pageable, Loc::Device) => is_unregistered_host(s),
+        (Loc::Device, Loc::Pageable) => is_unregistered_host(d),
+        _ => false,
+    };
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
     // borrowed mutably so nothing else reads or writes it, and pending GPU work on both is
     // ordered before the copy on the device. `T: Pod` makes any bytes written valid. If the
@@ -108,6 +115,13 @@ where
         }
     }
     result
+}
+
+/// Whether `p` is ordinary host memory the driver does not know (not pinned, registered,
+/// mapped or managed); false where the runtime cannot say.
+fn is_unregistered_host<T>(p: *const T) -> bool {
+    crate::handles::pointer::pointer_info(p)
+        .is_ok_and(|i| i.kind == crate::handles::pointer::PointerKind::UnregisteredHost)
 }
 
 /// Orders a synchronous copy after pending work on one side. Device memory is touched only

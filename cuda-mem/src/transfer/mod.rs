@@ -42,9 +42,10 @@ use crate::ops::copy::{copy_planned, Plan};
 /// asynchronous work through this crate on any stream (non-blocking ones included) are ordered
 /// after it. Where a side has no fence (a plain slice or `Vec`) the copy is **completed**
 /// instead (`cudaStreamSynchronize` on the legacy stream) before `copy` returns. Every other
-/// copy is complete when `cudaMemcpy` returns. (Between pageable memory and the device, below
-/// the staging threshold, the call is `cudaMemcpyAsync` on the legacy stream: the same
-/// guarantees at return, without `cudaMemcpy`'s wait for the stream first.)
+/// copy is complete when `cudaMemcpy` returns. (Between pageable memory the driver does not
+/// know and the device, below the staging threshold, the call is `cudaMemcpyAsync` on the
+/// legacy stream: the same guarantees at return, without `cudaMemcpy`'s wait for the stream
+/// first.)
 pub fn copy<T, D, S>(dst: &mut D, src: &S) -> Result<()>
 where
     T: Pod,
