@@ -155,6 +155,14 @@ pub fn run(ctx: &Ctx, cfg: &Config, res: &mut BenchResults) -> Result<()> {
     // Last, in its own attempt: a side whose calls block the host behind the held stream
     // (seen on the H200 with cudarc's event waits and records) costs the spin kernel's
     // timeout once and is reported not measured, instead of stalling the rows after it.
+    // cudarc records errors it cannot return (in drops) and hands them to the next call that
+    // checks: one left by an earlier row's teardown would fail this row's first allocation.
+    // Reported here, and taken, so that it is seen and not blamed on the row.
+    if let Err(e) = sides.ctx.check_err() {
+        progress(&format!(
+            "  cudarc had recorded an error in an earlier row's teardown (taken): {e:?}"
+        ));
+    }
     if let Some(gate) = sides.gate {
         progress("peers: one 4 KiB async copy, host time, stream held");
         let r = per_call(&sides, gate, samples, res);
