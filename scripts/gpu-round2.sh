@@ -58,4 +58,4 @@ bench)
     >"$out/torch-ref.txt" 2>&1; echo "torch-ref rc=$?"
   ;;
 esac
-cd "$out" && tar czf all.tgz --exclude=all.tgz . && ls
+cd "$out" && tar czf /tmp/all.tgz . && rm -rf ./* && mv /tmp/all.tgz . && ls
