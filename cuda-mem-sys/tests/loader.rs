@@ -134,7 +134,10 @@ fn the_file_found_at_build_time_opens_with_no_variable_set() {
         let Some(built) = option_env!("CUDA_MEM_SYS_CUDART_PATH") else {
             panic!("the build script sets CUDA_MEM_SYS_CUDART_PATH in a load build");
         };
-        if built.is_empty() {
+        if built.is_empty() || !std::path::Path::new(built).exists() {
+            // No file found at build time, or the program runs on another machine than it
+            // was built on (a bundle carried to the GPU machine): the loader's search path
+            // (step 4: here the executable's run path) is what opens it.
             assert!(path.contains("libcudart.so"), "opened {path}");
         } else {
             assert_eq!(path, built, "the file found at build time is opened first");
