@@ -26,7 +26,9 @@ verify)
     timeout "${MEMCHECK_SECS:-200}" compute-sanitizer --tool memcheck --leak-check full \
     --report-api-errors no --error-exitcode 97 --print-limit 20 \
     "$b/tests/tests-all" --test-threads=1 graph:: ipc:: launch:: review3:: review4:: hot:: \
-    --skip ipc::an_exporter_that_exits_early >"$out/memcheck.txt" 2>&1
+    --skip ipc::an_exporter_that_exits_early \
+    --skip review3::review3_a_pool_allocation_racing_a_capture_begin \
+    --skip review3::review3_a_copy_racing_a_foreign_capture_begin >"$out/memcheck.txt" 2>&1
   echo "memcheck rc=$? in $(secs "$t") s"
   grep -E 'test result|ERROR SUMMARY|FAILED|panicked|LEAK|leaked' "$out/memcheck.txt" | head -20
   c=bundle/c12; t=$(date +%s)
