@@ -213,6 +213,49 @@ impl Cu {
     }
 }
 
+/// The nodes of `graph` by kind ("100 kernel, 1 event record"), to set the graphs of the sides
+/// beside each other: an extra node is paid at every replay.
+fn node_kinds(graph: sys::cudaGraph_t) -> String {
+    let mut n = 0usize;
+    // SAFETY: a live graph (the caller's); a null array asks for the count.
+    if unsafe { sys::cudaGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }
+        != sys::cudaError::cudaSuccess
+    {
+        return "unknown".into();
+    }
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: room for `n` nodes; the count is updated to those written.
+    if unsafe { sys::cudaGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }
+        != sys::cudaError::cudaSuccess
+    {
+        return "unknown".into();
+    }
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for node in &nodes[..n] {
+        let mut t = sys::cudaGraphNodeType::cudaGraphNodeTypeCount;
+        // SAFETY: a node of the live graph; a valid out-pointer.
+        unsafe { sys::cudaGraphNodeGetType(*node, &mut t) };
+        use sys::cudaGraphNodeType as T;
+        let name = match t {
+            T::cudaGraphNodeTypeKernel => "kernel".to_string(),
+            T::cudaGraphNodeTypeMemcpy => "memcpy".to_string(),
+            T::cudaGraphNodeTypeMemset => "memset".to_string(),
+            T::cudaGraphNodeTypeEventRecord => "event record".to_string(),
+            T::cudaGraphNodeTypeWaitEvent => "event wait".to_string(),
+            T::cudaGraphNodeTypeEmpty => "empty".to_string(),
+            T::cudaGraphNodeTypeMemAlloc => "mem alloc".to_string(),
+            T::cudaGraphNodeTypeMemFree => "mem free".to_string(),
+            other => format!("type {}", other.0),
+        };
+        match kinds.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, c)) => *c += 1,
+            None => kinds.push((name, 1)),
+        }
+    }
+    let parts: Vec<String> = kinds.iter().map(|(k, c)| format!("{c} {k}")).collect();
+    format!("{n} nodes ({})", parts.join(", "))
+}
+
 /// Host and end-to-end samples (seconds) of one side.
 #[derive(Default)]
 struct Times {
@@ -346,6 +389,10 @@ fn replays<R: GraphResources>(
     let graph = match cudarc.as_mut().map(|c| c.capture(kernels_only)) {
         None => None,
         Some(Ok(g)) => {
+            progress(&format!(
+                "  graph nodes, cudarc: {}",
+                node_kinds(g.cu_graph() as sys::cudaGraph_t)
+            ));
             cu(g.upload(), "CudaGraph::upload")?;
             Some(g)
         }
@@ -439,11 +486,14 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     progress(&format!("graphs: {name}"));
     let mut e = DeviceBuffer::<u32>::zeroed(N)?;
     let ea = eager(true, &s, &mut cudarc, || ours_kernels(&probes, &mut e, &s))?;
-    let exec = s
-        .capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
-            ours_kernels(&probes, e, cap.stream())
-        })?
-        .instantiate()?;
+    let graph = s.capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
+        ours_kernels(&probes, e, cap.stream())
+    })?;
+    progress(&format!(
+        "  graph nodes, cuda-mem: {}",
+        node_kinds(graph.as_raw())
+    ));
+    let exec = graph.instantiate()?;
     let g = replays(res, true, &s, &mut cudarc, &exec)?;
     exec.into_resources()?;
     report(res, true, &ea, &g);
@@ -481,13 +531,16 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     let ea = eager(false, &s, &mut cudarc, || {
         ours_mixed(&probes, &h, &mut d, &mut e, &s)
     })?;
-    let exec = s
-        .capture(
-            CaptureMode::ThreadLocal,
-            (&h, &mut d, &mut e),
-            |cap, (h, d, e)| ours_mixed(&probes, h, d, e, cap.stream()),
-        )?
-        .instantiate()?;
+    let graph = s.capture(
+        CaptureMode::ThreadLocal,
+        (&h, &mut d, &mut e),
+        |cap, (h, d, e)| ours_mixed(&probes, h, d, e, cap.stream()),
+    )?;
+    progress(&format!(
+        "  graph nodes, cuda-mem: {}",
+        node_kinds(graph.as_raw())
+    ));
+    let exec = graph.instantiate()?;
     let g = replays(res, false, &s, &mut cudarc, &exec)?;
     exec.into_resources()?;
     report(res, false, &ea, &g);
