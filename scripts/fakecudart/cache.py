@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads the callgrind dumps of the hot_path harness run under `CACHE=1 run.sh`: each counted
 run of a row is dumped under the name "row config|side|calls" (ours or raw). Prints, per row,
-the instructions, data reads and writes, and level-1 and last-level data misses per call of
+the instructions, data reads and writes, level-1 data read and write misses and last-level
+data misses per call of
 ours beyond the raw call's, counting only code outside the fake runtime (the program and the C
 library: the fake's own work, its counters and eviction, is left out). With FAKE_EVICT_KIB past
 the simulated D1, the D1 misses are the distinct cache lines the library touches per call."""
@@ -59,7 +60,8 @@ for path in sys.argv[1:]:
             total[e] += v
     runs[(row, side)] = (int(calls), total)
 
-cols = [("Ir", ["Ir"]), ("Dr", ["Dr"]), ("Dw", ["Dw"]), ("D1miss", ["D1mr", "D1mw"]),
+# Read misses stall the core; write misses mostly drain through the store buffer.
+cols = [("Ir", ["Ir"]), ("Dr", ["Dr"]), ("Dw", ["Dw"]), ("D1mr", ["D1mr"]), ("D1mw", ["D1mw"]),
         ("LLmiss", ["DLmr", "DLmw"])]
 print(f"{'row (per call, ours - raw)':<34}" + "".join(f"{c:>8}" for c, _ in cols))
 for (row, side), (calls, ours) in runs.items():

@@ -218,12 +218,20 @@ type Gpu = Cuda;
 type Gpu = crate::testing::Faulty<Cuda>;
 
 /// Pending GPU work on one buffer. Not nameable outside the crate.
+///
+/// `repr(C)`: the words every queued operation reads, `capture` and then the tracker's hot
+/// part (its count of work in flight and fast-path publication, `Tracker` being `repr(C)`
+/// with those first), are 48 contiguous bytes at the start, so that an owner that aligns
+/// the fence (or the 16 bytes before it, as `Buffer` does) has them in one cache line: the
+/// runtime call before an operation's next one evicts whatever it touched, and each line
+/// is a miss then.
 #[derive(Default)]
+#[repr(C)]
 pub struct Fence {
-    core: Tracker<Gpu>,
     /// The open capture the buffer is given to (its token), or for graph memory, the capture
     /// that allocated it with [`GRAPH_MEMORY`] set; 0 for none. See [`capture`].
     capture: AtomicU64,
+    core: Tracker<Gpu>,
 }
 
 impl std::fmt::Debug for Fence {

@@ -20,20 +20,24 @@ const PER_THREAD_HANDLE: usize = 2;
 
 /// The shared part of a [`Stream`]: fences keep a clone, so that a stream whose buffers still
 /// have work recorded on them is destroyed only once that bookkeeping is gone.
+///
+/// Aligned to a cache line, the fields every queued operation reads first (`repr(C)`): they
+/// are one line, apart from the `Arc`'s counts (which only clones and drops touch).
+#[repr(C, align(64))]
 pub(crate) struct StreamInner {
     raw: sys::cudaStream_t,
-    owned: bool,
-    device: i32,
     /// For a per-thread default stream (`cudaStreamPerThread`), the thread whose stream it
     /// is: the same handle names another stream on every other thread.
     thread: Option<ThreadId>,
-    /// What keeps a borrowed handle valid, where this crate can hold it: another library's
-    /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
-    _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
+    device: i32,
     /// Whether another library holds the stream too (a cudarc stream wrapped, or this stream
     /// lent to cudarc), so that it may begin a stream capture the crate does not know of: the
     /// fence then asks the runtime before queueing (`fence::Fence::check_queue`).
     lent: std::sync::atomic::AtomicBool,
+    owned: bool,
+    /// What keeps a borrowed handle valid, where this crate can hold it: another library's
+    /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
+    _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: a cudaStream_t is a handle the runtime allows to be used from any thread, and
@@ -55,10 +59,10 @@ impl StreamInner {
     ) -> Arc<StreamInner> {
         Arc::new(StreamInner {
             raw,
-            owned,
-            device,
             thread,
+            device,
             lent: std::sync::atomic::AtomicBool::new(keeper.is_some()),
+            owned,
             _keeper: keeper,
         })
     }

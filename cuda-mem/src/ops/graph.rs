@@ -255,12 +255,16 @@ fn fences<R: Visit + ?Sized>(r: &R) -> Vec<*const Fence> {
 
 /// The launches (and uploads) of an executable graph, as work on a one-byte "buffer", which
 /// `synchronize`, `recapture`, `into_resources` and drop wait on.
+///
+/// (`repr(C)`, `marked_on` first: a launch in the steady state reads only that, beside the
+/// other fields at the start of `GraphExec`.)
 #[derive(Default)]
+#[repr(C)]
 struct Launches {
-    fence: Fence,
     /// The stream of the last launch marked on `fence` with no record on `fence` since, kept
     /// alive here (so that no other stream can have its address).
     marked_on: RefCell<Option<Arc<StreamInner>>>,
+    fence: Fence,
 }
 
 impl Launches {
@@ -580,21 +584,25 @@ impl<R: GraphResources> Graph<R> {
 /// work through the crate wait for the launches. Dropping it waits for its launches, then
 /// destroys it; forgetting it leaks it (its buffers' fences still hold its launches). `Send`
 /// when its resources are, not `Sync`.
+// `repr(C)` and aligned to a cache line, the fields a launch reads first: with resources of up
+// to three references, `exec`, `checked`, `res` and the launches' `marked_on` are one line (a
+// launch comes after a runtime call, a synchronize, that evicted them).
+#[repr(C, align(64))]
 pub struct GraphExec<R: GraphResources> {
     exec: sys::cudaGraphExec_t,
+    /// Whether `res` was found to name the `captured` buffers since the last `&mut` access
+    /// to it (see `check_resources`).
+    checked: Cell<bool>,
+    res: R,
+    /// The launches.
+    launches: Launches,
     graph: RawGraph,
     device: i32,
-    res: R,
     /// The identities (fence, memory, range) of the buffers the executable graph's nodes use,
     /// in visit order: a launch is refused once the resources no longer name those buffers
     /// (swapped, or replaced in place, through `resources_mut`), since its uses would be
     /// marked on the wrong fences, and its nodes would use memory no fence here tracks.
     captured: Vec<Identity>,
-    /// Whether `res` was found to name the `captured` buffers since the last `&mut` access
-    /// to it (see `check_resources`).
-    checked: Cell<bool>,
-    /// The launches.
-    launches: Launches,
 }
 
 // SAFETY: as for `Graph`: usable from any thread, one at a time.
