@@ -455,6 +455,14 @@ pub struct Tracker<B: Backend> {
     origin: Option<B::Stream>,
 }
 
+/// Bytes from a tracker's start to the end of its hot part: what [`Tracker::begin`]'s fast
+/// path and [`Tracker::end`] read and write (the fence's layout test).
+#[cfg(test)]
+#[allow(dead_code)]
+pub(crate) fn hot_end<B: Backend>() -> usize {
+    std::mem::offset_of!(Tracker<B>, hot) + std::mem::size_of::<Hot>()
+}
+
 impl<B: Backend> Default for Tracker<B> {
     fn default() -> Self {
         Tracker {

@@ -34,6 +34,9 @@ pub(crate) struct StreamInner {
     /// lent to cudarc), so that it may begin a stream capture the crate does not know of: the
     /// fence then asks the runtime before queueing (`fence::Fence::check_queue`).
     lent: std::sync::atomic::AtomicBool,
+    /// Set once [`check_current`](Self::check_current) learnt that the process has one device
+    /// (which stays so: see `sole_device`): the check then reads no other line.
+    sole: std::sync::atomic::AtomicBool,
     owned: bool,
     /// What keeps a borrowed handle valid, where this crate can hold it: another library's
     /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
@@ -62,9 +65,28 @@ impl StreamInner {
             thread,
             device,
             lent: std::sync::atomic::AtomicBool::new(keeper.is_some()),
+            sole: std::sync::atomic::AtomicBool::new(false),
             owned,
             _keeper: keeper,
         })
+    }
+
+    /// Bytes from the start to the end of the fields every queued operation reads (the
+    /// layout test of `fence`).
+    #[cfg(test)]
+    pub(crate) fn hot_end() -> usize {
+        use std::mem::{offset_of, size_of_val};
+        let s = StreamInner::new(ptr::null_mut(), false, 0, None, None);
+        [
+            offset_of!(StreamInner, raw) + size_of_val(&s.raw),
+            offset_of!(StreamInner, thread) + size_of_val(&s.thread),
+            offset_of!(StreamInner, device) + size_of_val(&s.device),
+            offset_of!(StreamInner, lent) + size_of_val(&s.lent),
+            offset_of!(StreamInner, sole) + size_of_val(&s.sole),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
     }
 
     /// Notes that another library holds the stream too (see the field).
@@ -150,16 +172,33 @@ impl StreamInner {
     /// On the hot path of every queued operation: a test for streams this crate made or
     /// borrowed (only the default streams have a thread, see `per_thread_on`), and for the
     /// default streams no runtime call where the process has one device (see
-    /// [`current_ordinal`](crate::handles::devices::current_ordinal)).
+    /// [`current_ordinal`](crate::handles::devices::current_ordinal)), nor any read beyond
+    /// this stream's line once that is known here.
     #[inline]
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
         if (self.raw as usize) <= PER_THREAD_HANDLE {
-            let current = crate::handles::devices::current_ordinal();
+            let current = if self.sole.load(std::sync::atomic::Ordering::Relaxed) {
+                0
+            } else {
+                self.current_ordinal()
+            };
             if current != self.device || self.is_foreign_per_thread() {
                 return self.refuse(op, current);
             }
         }
         Ok(())
+    }
+
+    /// The current device, as [`check_current`](Self::check_current) asks it until it knows
+    /// the process has one device; then notes that in `sole` (one device stays one device,
+    /// and device 0 is then every thread's current device).
+    #[inline(never)]
+    fn current_ordinal(&self) -> i32 {
+        let current = crate::handles::devices::current_ordinal();
+        if crate::handles::devices::sole_device() {
+            self.sole.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        current
     }
 
     /// [`check_current`](Self::check_current)'s refusal, out of line.

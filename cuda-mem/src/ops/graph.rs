@@ -825,6 +825,26 @@ mod tests {
     /// mark it anew (a launch after a wait left unmarked would be missed by the next wait
     /// and by drop). (One stream only: a second would make the fences record on the stand-in
     /// handle.)
+    /// What a launch reads of its `GraphExec` in the steady state (the handle, `checked`, the
+    /// resources, `marked_on`) is one cache line, for resources of up to three buffers (the
+    /// launch comes after a synchronize that evicted it).
+    #[test]
+    fn a_launch_reads_one_line_of_its_graph_exec() {
+        use std::mem::{align_of, offset_of, size_of};
+        type Three<'a> = (
+            &'a crate::PinnedBuffer<u8>,
+            &'a mut crate::DeviceBuffer<u8>,
+            &'a mut crate::DeviceBuffer<u8>,
+        );
+        type G<'a> = super::GraphExec<Three<'a>>;
+        assert_eq!(align_of::<G<'_>>(), 64);
+        assert_eq!(offset_of!(G<'_>, exec), 0);
+        assert!(offset_of!(G<'_>, checked) < 64);
+        assert!(offset_of!(G<'_>, res) + size_of::<Three<'_>>() <= 64);
+        let marked_on = offset_of!(G<'_>, launches) + offset_of!(Launches, marked_on);
+        assert!(marked_on + size_of::<std::cell::RefCell<Option<std::sync::Arc<u8>>>>() <= 64);
+    }
+
     #[test]
     fn replays_on_one_stream_take_no_lock_and_mark_the_launches_once() {
         let s = stand_in();
