@@ -854,7 +854,11 @@ mod tests {
         );
         assert_eq!(offset_of!(super::Fence, capture), 0);
         let hot_end = offset_of!(super::Fence, core) + super::tracker::hot_end::<super::Gpu>();
-        assert!(16 + hot_end <= 64, "the fence's hot words end at byte {}", 16 + hot_end);
+        assert!(
+            16 + hot_end <= 64,
+            "the fence's hot words end at byte {}",
+            16 + hot_end
+        );
         assert_eq!(align_of::<crate::PinnedBuffer<u8>>(), 64);
         assert_eq!(offset_of!(crate::PinnedBuffer<u8>, fence), 16);
         let s = crate::handles::stream::StreamInner::hot_end();

@@ -443,7 +443,7 @@ impl Hot {
 
 /// Pending work on one buffer: see the module docs.
 ///
-/// `repr(C)`, [`Hot`] first: the owner can place the words its own hot path reads right
+/// `repr(C)`, `Hot` first: the owner can place the words its own hot path reads right
 /// before it, in the same cache line (`Fence` and `Buffer` do).
 #[repr(C)]
 pub struct Tracker<B: Backend> {
