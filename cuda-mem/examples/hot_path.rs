@@ -15,17 +15,31 @@
 //! `scripts/fakecudart/run.sh` builds both and runs this. It runs on a GPU as well (the raw
 //! and our calls then queue real work, and each sample ends with a synchronize).
 //!
+//! The graph rows launch an executable graph of one buffer (a captured memset) and of three
+//! (a copy in, a memset, a device copy) through `GraphExec::launch` and through a raw
+//! `cudaGraphLaunch`, each launch timed alone and followed by a stream synchronize, as
+//! `cuda-mem bench --sections graphs` replays them.
+//!
+//! Against the fake runtime, each row also says which runtime calls ours made besides the raw
+//! one, per call in the steady state (the column `extra calls`: the fake counts every call by
+//! name, `fake_counts`), and with `FAKE_EVICT_KIB=n` every call of the fake that stands for
+//! real work (queueing, waiting) touches `n` KiB of its own memory, so that the library's data
+//! is cold at its next call, as after a real runtime call.
+//!
 //! Run: `cargo run --release -p cuda-mem --features measure --example hot_path [samples]
 //! [calls per sample]` (defaults 21 and 256); `HOT_PATH_ONLY=text` runs only the rows whose
 //! "row config" contains `text` (and then stops before the pool rows unless they match).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{c_char, CStr};
 use std::os::raw::c_void;
 use std::time::Instant;
 
 use cuda_mem::sys::cudaMemcpyKind as K;
 use cuda_mem::{
-    check, copy_async, memset_async, sys, DeviceBuffer, DevicePtr as _, DevicePtrMut as _,
-    HostAllocFlags, MemPool, PinnedBuffer, Result, Stream,
+    check, copy_async, memset_async, sys, CaptureMode, DeviceBuffer, DevicePtr as _,
+    DevicePtrMut as _, GraphExec, GraphResources, HostAllocFlags, MemPool, PinnedBuffer, Result,
+    Stream,
 };
 
 /// Bytes of each call.
@@ -123,6 +137,169 @@ impl Small {
     }
 }
 
+/// The fake runtime's call counters (`fake_counts`, `fake_counts_reset` of
+/// `scripts/fakecudart/fake.c`), where the runtime opened is the fake.
+struct Counters {
+    counts: unsafe extern "C" fn(*mut *const c_char, *mut u64, usize) -> usize,
+    reset: unsafe extern "C" fn(),
+    /// `fake_callgrind_mark`: under callgrind, a dump of the counts since the last mark.
+    mark: unsafe extern "C" fn(*const c_char),
+}
+
+impl Counters {
+    /// The counters of the runtime already opened (after a first call), if it has them.
+    fn of_runtime() -> Option<Counters> {
+        let path = std::ffi::CString::new(sys::runtime_library()?).ok()?;
+        // SAFETY: a NUL-terminated path; RTLD_NOLOAD opens nothing new (the runtime is
+        // loaded already) and the handle is never closed.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: a live handle and NUL-terminated names.
+        let (c, r, m) = unsafe {
+            (
+                libc::dlsym(h, c"fake_counts".as_ptr()),
+                libc::dlsym(h, c"fake_counts_reset".as_ptr()),
+                libc::dlsym(h, c"fake_callgrind_mark".as_ptr()),
+            )
+        };
+        if c.is_null() || r.is_null() || m.is_null() {
+            return None;
+        }
+        // SAFETY: the fake's functions, of these signatures (fake.c).
+        unsafe {
+            Some(Counters {
+                counts: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut *const c_char, *mut u64, usize) -> usize,
+                >(c),
+                reset: std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(r),
+                mark: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char)>(m),
+            })
+        }
+    }
+
+    /// The calls `f` makes on this thread, by name; under callgrind, its counts are dumped
+    /// as `label` (`scripts/fakecudart/cachegrind.sh` reads them).
+    fn of(&self, label: &str, f: impl FnOnce() -> Result<()>) -> Result<BTreeMap<String, u64>> {
+        let label = std::ffi::CString::new(label).expect("no NUL in labels");
+        // SAFETY: the fake's functions: no arguments, and a NUL-terminated name.
+        unsafe {
+            (self.reset)();
+            (self.mark)(c"-".as_ptr());
+        }
+        f()?;
+        // SAFETY: a NUL-terminated name.
+        unsafe { (self.mark)(label.as_ptr()) };
+        let mut names = [std::ptr::null::<c_char>(); 256];
+        let mut counts = [0u64; 256];
+        // SAFETY: room for 256 entries, as passed.
+        let n = unsafe { (self.counts)(names.as_mut_ptr(), counts.as_mut_ptr(), 256) }.min(256);
+        Ok(names[..n]
+            .iter()
+            .zip(&counts[..n])
+            .map(|(&p, &c)| {
+                // SAFETY: the fake's `__func__` names: static NUL-terminated strings.
+                let name = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+                (name, c)
+            })
+            .collect())
+    }
+}
+
+/// The calls per call of `ours` beyond those of `raw`, both counted over `calls` calls (`-`
+/// for none): "cudaEventRecord+1 cudaGetDevice+0.5".
+fn diff(ours: &BTreeMap<String, u64>, raw: &BTreeMap<String, u64>, calls: u32) -> String {
+    let mut out = Vec::new();
+    for name in ours.keys().chain(raw.keys()).collect::<BTreeSet<_>>() {
+        let d = ours.get(name).copied().unwrap_or(0) as f64
+            - raw.get(name).copied().unwrap_or(0) as f64;
+        if d != 0.0 {
+            out.push(format!("{name}{:+}", d / f64::from(calls)));
+        }
+    }
+    if out.is_empty() {
+        "-".into()
+    } else {
+        out.join(" ")
+    }
+}
+
+/// The graph rows' executable graphs: one buffer (a memset), three (a copy in, a memset, a
+/// device copy).
+struct Graphs<'a> {
+    one: GraphExec<&'a mut DeviceBuffer<u8>>,
+    three: GraphExec<(
+        &'a PinnedBuffer<u8>,
+        &'a mut DeviceBuffer<u8>,
+        &'a mut DeviceBuffer<u8>,
+    )>,
+}
+
+/// One launch of `exec` on `s`, ours or raw, timed alone (ns), then a synchronize of `s`.
+fn launch_once<R: GraphResources>(exec: &GraphExec<R>, ours: bool, s: &Stream) -> Result<f64> {
+    let t = Instant::now();
+    if ours {
+        exec.launch(s)?;
+    } else {
+        // SAFETY: `exec` keeps its buffers borrowed, and every launch is waited for (the
+        // stream synchronized below) before the next one or any other use of them.
+        let code = unsafe { sys::cudaGraphLaunch(exec.as_raw(), s.as_raw()) };
+        check(code, || "cudaGraphLaunch".into())?;
+    }
+    let ns = t.elapsed().as_secs_f64() * 1e9;
+    s.synchronize()?;
+    Ok(ns)
+}
+
+/// The graph rows: each graph's launches, ours and raw (ns per launch, each launch timed
+/// alone and followed by a synchronize), and the calls ours made besides.
+fn graph_rows(
+    samples: usize,
+    calls: u32,
+    counters: Option<&Counters>,
+    nb: &Stream,
+    graphs: Graphs<'_>,
+) -> Result<()> {
+    nb.synchronize()?;
+    for (name, n) in [("graph_launch 1", 1), ("graph_launch 3", 3)] {
+        let launch = |ours: bool| {
+            if n == 1 {
+                launch_once(&graphs.one, ours, nb)
+            } else {
+                launch_once(&graphs.three, ours, nb)
+            }
+        };
+        let t = paired(samples, |ours| {
+            let mut sum = 0.0;
+            for _ in 0..calls {
+                sum += launch(ours)?;
+            }
+            Ok(sum / f64::from(calls))
+        })?;
+        let extra = match counters {
+            Some(c) => {
+                let run = |ours: bool| -> Result<()> {
+                    for _ in 0..calls {
+                        launch(ours)?;
+                    }
+                    Ok(())
+                };
+                let o = c.of(&format!("{name} non-blocking|ours|{calls}"), || run(true))?;
+                let r = c.of(&format!("{name} non-blocking|raw|{calls}"), || run(false))?;
+                diff(&o, &r, calls)
+            }
+            None => String::new(),
+        };
+        print_row(name, "non-blocking", t, &extra);
+    }
+    let Graphs { one, three } = graphs;
+    one.into_resources()?;
+    three.into_resources()?;
+    Ok(())
+}
+
 /// Nanoseconds per call of `calls` calls of `f`.
 fn time_ns(calls: u32, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let t = Instant::now();
@@ -167,9 +344,9 @@ fn only(name: &str) -> bool {
     std::env::var("HOT_PATH_ONLY").map_or(true, |f| name.contains(&f))
 }
 
-fn print_row(op: &str, config: &str, (ours, raw): (f64, f64)) {
+fn print_row(op: &str, config: &str, (ours, raw): (f64, f64), extra: &str) {
     println!(
-        "{op:<18} {config:<18} {ours:>8.1} {raw:>8.1} {:>+8.1}",
+        "{op:<18} {config:<18} {ours:>8.1} {raw:>8.1} {:>+8.1}  {extra}",
         ours - raw
     );
 }
@@ -183,7 +360,7 @@ fn main() -> anyhow::Result<()> {
         sys::runtime_library().unwrap_or("linked")
     );
     println!(
-        "{:<18} {:<18} {:>8} {:>8} {:>8}",
+        "{:<18} {:<18} {:>8} {:>8} {:>8}  extra calls per call",
         "row", "config", "ours", "raw", "over"
     );
     let mut small = Small {
@@ -198,6 +375,13 @@ fn main() -> anyhow::Result<()> {
         Stream::non_blocking()?,
         Stream::non_blocking()?,
     );
+    let counters = Counters::of_runtime();
+    if let Some(kib) = std::env::var("FAKE_EVICT_KIB")
+        .ok()
+        .filter(|_| counters.is_some())
+    {
+        println!("(the fake evicts {kib} KiB per queueing or waiting call)");
+    }
     let configs: [(&str, &Stream, bool); 4] = [
         ("legacy/one", &legacy, false),
         ("legacy/two", &legacy, true),
@@ -226,7 +410,69 @@ fn main() -> anyhow::Result<()> {
                 s.synchronize()?;
                 Ok(t)
             })?;
-            print_row(op, config, t);
+            let extra = match &counters {
+                Some(c) => {
+                    let mut counted = |ours: bool| {
+                        if two {
+                            small.use_on(&other)?;
+                        }
+                        let side = if ours { "ours" } else { "raw" };
+                        let n = c.of(&format!("{op} {config}|{side}|{calls}"), || {
+                            for _ in 0..calls {
+                                small.call(op, ours, s)?;
+                            }
+                            Ok(())
+                        })?;
+                        s.synchronize()?;
+                        Ok::<_, cuda_mem::Error>(n)
+                    };
+                    let o = counted(true)?;
+                    let r = counted(false)?;
+                    diff(&o, &r, calls)
+                }
+                None => String::new(),
+            };
+            print_row(op, config, t, &extra);
+        }
+    }
+
+    // Graph launches, each followed by a synchronize, on the non-blocking stream.
+    if only("graph_launch non-blocking") {
+        let mut gh = PinnedBuffer::<u8>::zeroed(SMALL, HostAllocFlags::DEFAULT)?;
+        let (mut g1, mut g2, mut g3) = (
+            DeviceBuffer::<u8>::zeroed(SMALL)?,
+            DeviceBuffer::<u8>::zeroed(SMALL)?,
+            DeviceBuffer::<u8>::zeroed(SMALL)?,
+        );
+        gh.as_mut_slice()?.fill(1);
+        graph_rows(
+            samples,
+            calls,
+            counters.as_ref(),
+            &nb,
+            Graphs {
+                one: nb
+                    .capture(CaptureMode::ThreadLocal, &mut g1, |cap, d| {
+                        memset_async(*d, 7, cap.stream())
+                    })?
+                    .instantiate()?,
+                three: nb
+                    .capture(
+                        CaptureMode::ThreadLocal,
+                        (&gh, &mut g2, &mut g3),
+                        |cap, (h, d, e)| {
+                            copy_async(*d, *h, cap.stream())?;
+                            memset_async(*e, 0, cap.stream())?;
+                            copy_async(*e, &**d, cap.stream())
+                        },
+                    )?
+                    .instantiate()?,
+            },
+        )?;
+        // What the launches wrote: the memset's 7s, and the copied 1s.
+        if !sys::runtime_library().is_some_and(|p| p.contains("fake")) {
+            anyhow::ensure!(g1.to_vec()?.iter().all(|&b| b == 7), "graph 1 wrote no 7s");
+            anyhow::ensure!(g3.to_vec()?.iter().all(|&b| b == 1), "graph 3 copied no 1s");
         }
     }
 
@@ -254,7 +500,39 @@ fn main() -> anyhow::Result<()> {
         nb.synchronize()?;
         Ok(t)
     })?;
-    print_row("pool_alloc_free", "non-blocking", t);
+    let extra = match &counters {
+        Some(c) => {
+            let run = |ours: bool| -> Result<()> {
+                for _ in 0..calls {
+                    if ours {
+                        DeviceBuffer::<u64>::from_pool(&pool, SMALL / 8, &nb)?.free()?;
+                    } else {
+                        let mut p: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: as above.
+                        let code = unsafe {
+                            sys::cudaMallocFromPoolAsync(&mut p, SMALL, pool.as_raw(), nb.as_raw())
+                        };
+                        check(code, || "cudaMallocFromPoolAsync".into())?;
+                        // SAFETY: as above.
+                        let code = unsafe { sys::cudaFreeAsync(p, nb.as_raw()) };
+                        check(code, || "cudaFreeAsync".into())?;
+                    }
+                }
+                Ok(())
+            };
+            let o = c.of(
+                &format!("pool_alloc_free non-blocking|ours|{calls}"),
+                || run(true),
+            )?;
+            let r = c.of(&format!("pool_alloc_free non-blocking|raw|{calls}"), || {
+                run(false)
+            })?;
+            nb.synchronize()?;
+            diff(&o, &r, calls)
+        }
+        None => String::new(),
+    };
+    print_row("pool_alloc_free", "non-blocking", t, &extra);
 
     // The same pair's bookkeeping alone, with stand-in handles.
     let pairs = calls * 64;

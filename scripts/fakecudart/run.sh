@@ -5,6 +5,8 @@
 #
 #   scripts/fakecudart/run.sh [samples] [calls per sample]
 #   PERF=1 scripts/fakecudart/run.sh ...   # under `perf record` (cpu-clock), report after
+#   CACHE=1 FAKE_EVICT_KIB=64 scripts/fakecudart/run.sh 1 64   # callgrind: instructions and
+#                                           # cache misses per call over raw, per row
 #
 # Environment: CUDA12 (default: .cuda/12.0 of the main checkout, or $CUDA_PATH when it has
 # no libcudart_static.a), CARGO_TARGET_DIR (default: target/fakecudart), OUT (where the fake
@@ -32,7 +34,15 @@ cc -shared -fPIC -O2 -Wall -I"$cuda12/include" -o "$out/libfakecudart.so" "$here
 (cd "$root" && cargo build --release -p cuda-mem --features measure --example hot_path)
 exe="$CARGO_TARGET_DIR/release/examples/hot_path"
 export CUDA_MEM_CUDART="$out/libfakecudart.so"
-if [ "${PERF:-0}" = 1 ]; then
+if [ "${CACHE:-0}" = 1 ]; then
+  # Under callgrind's cache simulation: per row, instructions and cache misses per call of
+  # ours beyond the raw call's (the harness marks each counted run, fake_callgrind_mark).
+  rm -f "$out"/callgrind.out*
+  valgrind --tool=callgrind --cache-sim=yes --D1="${D1:-32768,8,64}" --LL="${LL:-1048576,16,64}" \
+    --callgrind-out-file="$out/callgrind.out" "$exe" "$@" >/dev/null 2>"$out/valgrind.log" \
+    || { tail "$out/valgrind.log" >&2; exit 1; }
+  python3 "$here/cache.py" "$out"/callgrind.out.*
+elif [ "${PERF:-0}" = 1 ]; then
   perf record -e cpu-clock -F 20000 -g -o "$out/perf.data" "$exe" "$@"
   perf report -i "$out/perf.data" --no-children --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -40
 else

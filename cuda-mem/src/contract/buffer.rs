@@ -104,6 +104,11 @@ impl<A: sealed::HostAlloc> HostAllocation for A {}
 /// [`byte_len`](Self::byte_len), [`as_ptr`](Self::as_ptr) (the buffer's own address: host
 /// memory's host address, device memory's device address), and for memory the host can
 /// access [`as_slice`](Self::as_slice) / [`as_mut_slice`](Self::as_mut_slice).
+// `repr(C)` and aligned to a cache line: the address and length, then the fence's words that
+// every queued operation reads (`Fence`'s `capture` and its tracker's hot part), are the first
+// 64 bytes, one line; the runtime call between two operations evicts what the library
+// touched, and every further line is a miss at the next one.
+#[repr(C, align(64))]
 pub struct Buffer<T: Pod, A: Allocation> {
     pub(crate) ptr: NonNull<T>,
     pub(crate) len: usize,

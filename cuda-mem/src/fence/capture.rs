@@ -268,13 +268,17 @@ thread_local! {
     /// The owner of this thread's slot: gives it back when the thread exits.
     static OWNER: MySlot = const { MySlot(std::cell::Cell::new(None)) };
     /// This thread's slot while [`OWNER`] holds it (no destructor: the hot path reads it
-    /// without the state check of a thread-local that has one).
-    static FAST: std::cell::Cell<Option<&'static Slot>> = const { std::cell::Cell::new(None) };
+    /// without the state check of a thread-local that has one), and the process's
+    /// [`barrier`], decided before the slot was taken and the same ever after: kept here, so
+    /// that an operation reads one thread-local line and the slot's, not also `MODE`'s.
+    static FAST: std::cell::Cell<Option<(&'static Slot, Barrier)>> =
+        const { std::cell::Cell::new(None) };
 }
 
-/// This thread's slot; `None` once its thread-locals are being destroyed.
+/// This thread's slot and the handshake's [`barrier`]; `None` once its thread-locals are being
+/// destroyed.
 #[inline]
-fn my_slot() -> Option<&'static Slot> {
+fn my_slot_and_barrier() -> Option<(&'static Slot, Barrier)> {
     match FAST.with(std::cell::Cell::get) {
         Some(s) => Some(s),
         None => take_slot(),
@@ -282,10 +286,12 @@ fn my_slot() -> Option<&'static Slot> {
 }
 
 #[cold]
-fn take_slot() -> Option<&'static Slot> {
+fn take_slot() -> Option<(&'static Slot, Barrier)> {
+    // Decided first (once for the process; `barrier` never changes afterwards).
+    let b = barrier();
     let s = OWNER.try_with(MySlot::take_one).ok()?;
-    FAST.with(|f| f.set(Some(s)));
-    Some(s)
+    FAST.with(|f| f.set(Some((s, b))));
+    Some((s, b))
 }
 
 /// The barrier of the handshake, decided at the first operation or capture begin: 0 while
@@ -401,9 +407,8 @@ impl InOp {
 
     #[inline]
     fn enter_id(id: usize) -> (InOp, bool) {
-        let barrier = barrier();
-        match my_slot() {
-            Some(slot) => {
+        match my_slot_and_barrier() {
+            Some((slot, barrier)) => {
                 let open = enter_and_read(slot, id, &OPEN, barrier) != 0;
                 (
                     InOp {
@@ -445,7 +450,7 @@ impl Drop for InOp {
 
 /// Whether the calling thread is inside an operation (on any stream).
 fn in_op() -> bool {
-    FAST.with(|f| f.get().is_some_and(|s| !s.is_idle()))
+    FAST.with(|f| f.get().is_some_and(|(s, _)| !s.is_idle()))
 }
 
 /// The capture side of the handshake, after [`OPEN`] rose and [`capture_barrier`]: waits
@@ -459,7 +464,7 @@ fn in_op() -> bool {
 fn wait_for_ops(id: usize) -> Result<()> {
     orphans::settle(None);
     let slots = slot_registry().all.clone();
-    let me = FAST.with(std::cell::Cell::get);
+    let me = FAST.with(std::cell::Cell::get).map(|(s, _)| s);
     let others = slots
         .into_iter()
         .filter(|s| !me.is_some_and(|m| std::ptr::eq(m, *s)));
@@ -986,7 +991,7 @@ mod tests {
         let leaked = thread::spawn(|| {
             let (op, _) = InOp::enter_id(S);
             std::mem::forget(op);
-            FAST.with(|f| f.get().unwrap() as *const Slot as usize)
+            FAST.with(|f| f.get().unwrap().0 as *const Slot as usize)
         })
         .join()
         .unwrap();

@@ -218,12 +218,20 @@ type Gpu = Cuda;
 type Gpu = crate::testing::Faulty<Cuda>;
 
 /// Pending GPU work on one buffer. Not nameable outside the crate.
+///
+/// `repr(C)`: the words every queued operation reads, `capture` and then the tracker's hot
+/// part (its count of work in flight and fast-path publication, `Tracker` being `repr(C)`
+/// with those first), are 48 contiguous bytes at the start, so that an owner that aligns
+/// the fence (or the 16 bytes before it, as `Buffer` does) has them in one cache line: the
+/// runtime call before an operation's next one evicts whatever it touched, and each line
+/// is a miss then.
 #[derive(Default)]
+#[repr(C)]
 pub struct Fence {
-    core: Tracker<Gpu>,
     /// The open capture the buffer is given to (its token), or for graph memory, the capture
     /// that allocated it with [`GRAPH_MEMORY`] set; 0 for none. See [`capture`].
     capture: AtomicU64,
+    core: Tracker<Gpu>,
 }
 
 impl std::fmt::Debug for Fence {
@@ -829,6 +837,33 @@ mod tests {
             "the failed begin stayed in flight: the covering record was not trusted"
         );
         assert!(t.is_idle());
+    }
+
+    /// Issue 21 (the H200's overhead over the fake runtime's): the real runtime call between
+    /// two operations evicts the library's data, so each line an operation touches is a
+    /// miss. A buffer's address, length, capture word and tracker hot part are its first 64
+    /// bytes, one line; a stream's hot fields are one line too.
+    #[test]
+    fn what_an_operation_reads_of_a_buffer_and_a_stream_is_one_line_each() {
+        use std::mem::{align_of, offset_of};
+        type B = crate::DeviceBuffer<u8>;
+        assert_eq!(align_of::<B>(), 64);
+        assert_eq!(
+            (offset_of!(B, ptr), offset_of!(B, len), offset_of!(B, fence)),
+            (0, 8, 16)
+        );
+        assert_eq!(offset_of!(super::Fence, capture), 0);
+        let hot_end = offset_of!(super::Fence, core) + super::tracker::hot_end::<super::Gpu>();
+        assert!(
+            16 + hot_end <= 64,
+            "the fence's hot words end at byte {}",
+            16 + hot_end
+        );
+        assert_eq!(align_of::<crate::PinnedBuffer<u8>>(), 64);
+        assert_eq!(offset_of!(crate::PinnedBuffer<u8>, fence), 16);
+        let s = crate::handles::stream::StreamInner::hot_end();
+        assert!(s <= 64, "a stream's hot fields end at byte {s}");
+        assert_eq!(align_of::<crate::handles::stream::StreamInner>(), 64);
     }
 
     /// This thread's lock acquisitions by trackers since the last call.

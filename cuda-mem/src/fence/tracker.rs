@@ -442,24 +442,36 @@ impl Hot {
 }
 
 /// Pending work on one buffer: see the module docs.
+///
+/// `repr(C)`, `Hot` first: the owner can place the words its own hot path reads right
+/// before it, in the same cache line (`Fence` and `Buffer` do).
+#[repr(C)]
 pub struct Tracker<B: Backend> {
-    state: Mutex<State<B>>,
     /// The count of work in flight and the fast path's publication.
     hot: Hot,
+    state: Mutex<State<B>>,
     /// The stream of a [`marked`](Self::marked) tracker's first work (a stream-ordered
     /// allocation's stream, where its free is queued too), kept for its owner.
     origin: Option<B::Stream>,
 }
 
+/// Bytes from a tracker's start to the end of its hot part: what [`Tracker::begin`]'s fast
+/// path and [`Tracker::end`] read and write (the fence's layout test).
+#[cfg(test)]
+#[allow(dead_code)]
+pub(crate) fn hot_end<B: Backend>() -> usize {
+    std::mem::offset_of!(Tracker<B>, hot) + std::mem::size_of::<Hot>()
+}
+
 impl<B: Backend> Default for Tracker<B> {
     fn default() -> Self {
         Tracker {
+            hot: Hot::new(),
             state: Mutex::new(State {
                 entries: Vec::new(),
                 clock: 0,
                 origin_mark: None,
             }),
-            hot: Hot::new(),
             origin: None,
         }
     }
@@ -605,12 +617,12 @@ impl<B: Backend> Tracker<B> {
     #[inline]
     pub fn marked(stream: B::Stream, range: (usize, usize), access: Access) -> Self {
         Tracker {
+            hot: Hot::new(),
             state: Mutex::new(State {
                 entries: Vec::new(),
                 clock: 0,
                 origin_mark: Some((range, access)),
             }),
-            hot: Hot::new(),
             origin: Some(stream),
         }
     }

@@ -20,20 +20,27 @@ const PER_THREAD_HANDLE: usize = 2;
 
 /// The shared part of a [`Stream`]: fences keep a clone, so that a stream whose buffers still
 /// have work recorded on them is destroyed only once that bookkeeping is gone.
+///
+/// Aligned to a cache line, the fields every queued operation reads first (`repr(C)`): they
+/// are one line, apart from the `Arc`'s counts (which only clones and drops touch).
+#[repr(C, align(64))]
 pub(crate) struct StreamInner {
     raw: sys::cudaStream_t,
-    owned: bool,
-    device: i32,
     /// For a per-thread default stream (`cudaStreamPerThread`), the thread whose stream it
     /// is: the same handle names another stream on every other thread.
     thread: Option<ThreadId>,
-    /// What keeps a borrowed handle valid, where this crate can hold it: another library's
-    /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
-    _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
+    device: i32,
     /// Whether another library holds the stream too (a cudarc stream wrapped, or this stream
     /// lent to cudarc), so that it may begin a stream capture the crate does not know of: the
     /// fence then asks the runtime before queueing (`fence::Fence::check_queue`).
     lent: std::sync::atomic::AtomicBool,
+    /// Set once [`check_current`](Self::check_current) learnt that the process has one device
+    /// (which stays so: see `sole_device`): the check then reads no other line.
+    sole: std::sync::atomic::AtomicBool,
+    owned: bool,
+    /// What keeps a borrowed handle valid, where this crate can hold it: another library's
+    /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
+    _keeper: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: a cudaStream_t is a handle the runtime allows to be used from any thread, and
@@ -55,12 +62,31 @@ impl StreamInner {
     ) -> Arc<StreamInner> {
         Arc::new(StreamInner {
             raw,
-            owned,
-            device,
             thread,
+            device,
             lent: std::sync::atomic::AtomicBool::new(keeper.is_some()),
+            sole: std::sync::atomic::AtomicBool::new(false),
+            owned,
             _keeper: keeper,
         })
+    }
+
+    /// Bytes from the start to the end of the fields every queued operation reads (the
+    /// layout test of `fence`).
+    #[cfg(test)]
+    pub(crate) fn hot_end() -> usize {
+        use std::mem::{offset_of, size_of_val};
+        let s = StreamInner::new(ptr::null_mut(), false, 0, None, None);
+        [
+            offset_of!(StreamInner, raw) + size_of_val(&s.raw),
+            offset_of!(StreamInner, thread) + size_of_val(&s.thread),
+            offset_of!(StreamInner, device) + size_of_val(&s.device),
+            offset_of!(StreamInner, lent) + size_of_val(&s.lent),
+            offset_of!(StreamInner, sole) + size_of_val(&s.sole),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
     }
 
     /// Notes that another library holds the stream too (see the field).
@@ -146,16 +172,33 @@ impl StreamInner {
     /// On the hot path of every queued operation: a test for streams this crate made or
     /// borrowed (only the default streams have a thread, see `per_thread_on`), and for the
     /// default streams no runtime call where the process has one device (see
-    /// [`current_ordinal`](crate::handles::devices::current_ordinal)).
+    /// [`current_ordinal`](crate::handles::devices::current_ordinal)), nor any read beyond
+    /// this stream's line once that is known here.
     #[inline]
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
         if (self.raw as usize) <= PER_THREAD_HANDLE {
-            let current = crate::handles::devices::current_ordinal();
+            let current = if self.sole.load(std::sync::atomic::Ordering::Relaxed) {
+                0
+            } else {
+                self.current_ordinal()
+            };
             if current != self.device || self.is_foreign_per_thread() {
                 return self.refuse(op, current);
             }
         }
         Ok(())
+    }
+
+    /// The current device, as [`check_current`](Self::check_current) asks it until it knows
+    /// the process has one device; then notes that in `sole` (one device stays one device,
+    /// and device 0 is then every thread's current device).
+    #[inline(never)]
+    fn current_ordinal(&self) -> i32 {
+        let current = crate::handles::devices::current_ordinal();
+        if crate::handles::devices::sole_device() {
+            self.sole.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        current
     }
 
     /// [`check_current`](Self::check_current)'s refusal, out of line.

@@ -255,12 +255,16 @@ fn fences<R: Visit + ?Sized>(r: &R) -> Vec<*const Fence> {
 
 /// The launches (and uploads) of an executable graph, as work on a one-byte "buffer", which
 /// `synchronize`, `recapture`, `into_resources` and drop wait on.
+///
+/// (`repr(C)`, `marked_on` first: a launch in the steady state reads only that, beside the
+/// other fields at the start of `GraphExec`.)
 #[derive(Default)]
+#[repr(C)]
 struct Launches {
-    fence: Fence,
     /// The stream of the last launch marked on `fence` with no record on `fence` since, kept
     /// alive here (so that no other stream can have its address).
     marked_on: RefCell<Option<Arc<StreamInner>>>,
+    fence: Fence,
 }
 
 impl Launches {
@@ -580,21 +584,25 @@ impl<R: GraphResources> Graph<R> {
 /// work through the crate wait for the launches. Dropping it waits for its launches, then
 /// destroys it; forgetting it leaks it (its buffers' fences still hold its launches). `Send`
 /// when its resources are, not `Sync`.
+// `repr(C)` and aligned to a cache line, the fields a launch reads first: with resources of up
+// to three references, `exec`, `checked`, `res` and the launches' `marked_on` are one line (a
+// launch comes after a runtime call, a synchronize, that evicted them).
+#[repr(C, align(64))]
 pub struct GraphExec<R: GraphResources> {
     exec: sys::cudaGraphExec_t,
+    /// Whether `res` was found to name the `captured` buffers since the last `&mut` access
+    /// to it (see `check_resources`).
+    checked: Cell<bool>,
+    res: R,
+    /// The launches.
+    launches: Launches,
     graph: RawGraph,
     device: i32,
-    res: R,
     /// The identities (fence, memory, range) of the buffers the executable graph's nodes use,
     /// in visit order: a launch is refused once the resources no longer name those buffers
     /// (swapped, or replaced in place, through `resources_mut`), since its uses would be
     /// marked on the wrong fences, and its nodes would use memory no fence here tracks.
     captured: Vec<Identity>,
-    /// Whether `res` was found to name the `captured` buffers since the last `&mut` access
-    /// to it (see `check_resources`).
-    checked: Cell<bool>,
-    /// The launches.
-    launches: Launches,
 }
 
 // SAFETY: as for `Graph`: usable from any thread, one at a time.
@@ -817,6 +825,26 @@ mod tests {
     /// mark it anew (a launch after a wait left unmarked would be missed by the next wait
     /// and by drop). (One stream only: a second would make the fences record on the stand-in
     /// handle.)
+    /// What a launch reads of its `GraphExec` in the steady state (the handle, `checked`, the
+    /// resources, `marked_on`) is one cache line, for resources of up to three buffers (the
+    /// launch comes after a synchronize that evicted it).
+    #[test]
+    fn a_launch_reads_one_line_of_its_graph_exec() {
+        use std::mem::{align_of, offset_of, size_of};
+        type Three<'a> = (
+            &'a crate::PinnedBuffer<u8>,
+            &'a mut crate::DeviceBuffer<u8>,
+            &'a mut crate::DeviceBuffer<u8>,
+        );
+        type G<'a> = super::GraphExec<Three<'a>>;
+        assert_eq!(align_of::<G<'_>>(), 64);
+        assert_eq!(offset_of!(G<'_>, exec), 0);
+        assert!(offset_of!(G<'_>, checked) < 64);
+        assert!(offset_of!(G<'_>, res) + size_of::<Three<'_>>() <= 64);
+        let marked_on = offset_of!(G<'_>, launches) + offset_of!(Launches, marked_on);
+        assert!(marked_on + size_of::<std::cell::RefCell<Option<std::sync::Arc<u8>>>>() <= 64);
+    }
+
     #[test]
     fn replays_on_one_stream_take_no_lock_and_mark_the_launches_once() {
         let s = stand_in();
