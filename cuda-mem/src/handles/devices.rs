@@ -420,6 +420,7 @@ mod tests {
     /// a count the runtime cannot give (no driver) is never kept, so that no process is
     /// taken for a one-device one by mistake, and the current device is then asked for.
     #[test]
+    #[cfg_attr(miri, ignore = "calls the CUDA runtime, which Miri cannot run")]
     fn only_a_count_of_one_lets_the_current_device_go_unasked() {
         match Device::count() {
             Ok(n) => {

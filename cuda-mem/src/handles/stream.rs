@@ -550,6 +550,7 @@ mod tests {
     /// thread's id is kept per thread: a cache shared by threads would let the other thread
     /// through, or refuse the owner).
     #[test]
+    #[cfg_attr(miri, ignore = "calls the CUDA runtime, which Miri cannot run")]
     fn another_threads_per_thread_stream_is_refused_and_the_owners_is_not() {
         let s = Stream::per_thread_on(0);
         let op = "queueing work";
