@@ -6,9 +6,9 @@
 #   scripts/gpu-round2.sh verify   # every test (run.sh), memcheck of the capture/graph/IPC/
 #                                  # launch/review tests, and the CUDA 12.0 load-mode bundle
 #                                  # started without LD_LIBRARY_PATH
-#   scripts/gpu-round2.sh bench    # graphs.cu and limits.cu beside `cuda-mem bench` (baseline
-#                                  # sections against the committed 16-core run; calls, graphs,
-#                                  # peers, host, shmoo), PyTorch's reference rows
+#   scripts/gpu-round2.sh bench    # tests-all, then graphs.cu beside `cuda-mem bench` (the
+#                                  # baseline sections against the committed 16-core run; then
+#                                  # graphs, peers, host, shmoo), PyTorch's reference rows
 set -u
 out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
 export CUDA_MEM_LOG_DIR="$out/logs" NCCL_NVLS_ENABLE=0
@@ -45,18 +45,24 @@ verify)
   echo "12.0: $(secs "$t") s"
   ;;
 bench)
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+    timeout 100 "$b/tests/tests-all" --test-threads=1 >"$out/tests-all.txt" 2>&1
+  echo "tests-all rc=$? $(secs "$t") s: $(grep -E '^test result' "$out/tests-all.txt")"
+  grep -E 'FAILED|panicked' "$out/tests-all.txt" | head -10
   nvcc -O2 -arch=sm_90 -o /tmp/graphs bundle/refbench/graphs.cu &&
-  nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/limits bundle/refbench/limits.cu -lpthread || exit 1
-  { /tmp/graphs; /tmp/graphs k; } >"$out/graphs-ref.txt" 2>&1
-  timeout 150 /tmp/limits 256 >"$out/limits.txt" 2>&1
+    timeout 20 bash -c '{ /tmp/graphs; /tmp/graphs k; }' >"$out/graphs-ref.txt" 2>&1
   t=$(date +%s)
   timeout "${BENCH_SECS:-200}" "$cm" bench --sections copies,bidir,kernels,alloc,pools,calls \
     --baseline docs/results/issues-20-23/bench-16core.json --json "$out/bench.json" \
     >"$out/bench-run.txt" 2>&1; echo "bench rc=$? $(secs "$t") s"
+  grep -E 'over raw|regress' "$out/bench-run.txt" | head -30
   t=$(date +%s)
-  timeout "${BENCH2_SECS:-250}" "$cm" bench --sections graphs,peers,host,shmoo --json "$out/bench2.json" \
+  timeout "${BENCH2_SECS:-200}" "$cm" bench --sections graphs,peers,host,shmoo --json "$out/bench2.json" \
     >"$out/bench2-run.txt" 2>&1; echo "bench2 rc=$? $(secs "$t") s"
-  timeout 100 "$py" scripts/torch-ref.py --bench "$out/bench2.json" --json "$out/torch-ref.json" \
+  grep -E 'graph nodes|cuda-mem launch / raw|x cudarc|failed|staged_vs_pinned|band|lowest|Verified' \
+    "$out/bench2-run.txt" | cut -c1-150 | head -70
+  timeout 60 "$py" scripts/torch-ref.py --bench "$out/bench2.json" --json "$out/torch-ref.json" \
     >"$out/torch-ref.txt" 2>&1; echo "torch-ref rc=$?"
   ;;
 esac
