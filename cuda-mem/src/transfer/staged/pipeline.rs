@@ -186,9 +186,7 @@ pub(super) fn run_part(pool: &PinnedPool, job: &Job, w: usize, lanes: &mut Lanes
             v.insert(Lane::new(Device::from_ordinal_unchecked(p.device))?)
         }
     };
-    // One event per piece of each staging slot (a copy to the host is waited for piece by
-    // piece; a copy to the device uses each slot's first).
-    lane.events(p.depth * p.slot.div_ceil(PIECE).max(1))?;
+    lane.events(p.depth)?;
     let mut block = pool.alloc::<u8>(p.depth * p.slot, HostAllocFlags::DEFAULT)?;
     let base = block.as_mut_ptr() as usize;
     let slots: Vec<usize> = (0..p.depth).map(|k| base + k * p.slot).collect();
@@ -248,50 +246,29 @@ impl Part<'_> {
 
     /// Blocks until the copy queued through staging slot `k` has completed.
     fn wait(&self, k: usize) -> Result<()> {
-        self.lane.events[self.event(k, 0)].synchronize()
+        self.lane.events[k].synchronize()
     }
 
-    /// The index of the event of piece `j` of staging slot `k`.
-    fn event(&self, k: usize, j: usize) -> usize {
-        k * self.job.p.slot.div_ceil(PIECE).max(1) + j
-    }
-
-    /// Queues the copy of this part's `i`-th chunk from the caller's device memory into
-    /// staging slot `i % depth` piece by piece, each piece's event recorded after it
-    /// ([`wait_piece`](Self::wait_piece)).
+    /// Queues the copy of this part's `i`-th chunk between the caller's device memory and
+    /// staging slot `i % depth`, and records that slot's event after it.
     ///
     /// # Safety
-    /// The staging slot is not touched by the CPU until each piece's event has completed.
-    unsafe fn queue_to_host(&self, i: usize) -> Result<()> {
+    /// The staging slot is not touched by the CPU until that event has completed; for a copy
+    /// to the device, its chunk is already in the slot.
+    unsafe fn queue(&self, i: usize) -> Result<()> {
         let (_, len) = self.job.span(self.chunk(i));
-        let k = i % self.slots.len();
-        let mut from = 0;
-        for j in 0.. {
-            let m = PIECE.min(len - from);
-            // SAFETY: the caller's promise, for this piece of the slot.
-            unsafe { self.queue_piece(i, from, m)? };
-            self.lane.events[self.event(k, j)].record(&self.lane.stream)?;
-            from += m;
-            if from >= len {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Blocks until piece `j` of staging slot `k` has arrived.
-    fn wait_piece(&self, k: usize, j: usize) -> Result<()> {
-        self.lane.events[self.event(k, j)].synchronize()
+        // SAFETY: the caller's promise, for the whole chunk.
+        unsafe { self.queue_piece(i, 0, len)? };
+        self.lane.events[i % self.slots.len()].record(&self.lane.stream)
     }
 
     /// Queues the copy of bytes `from..from + len` of this part's `i`-th chunk between the
     /// caller's device memory and staging slot `i % depth` (no event: the caller records the
-    /// events).
+    /// slot's event after the chunk's last piece).
     ///
     /// # Safety
-    /// The CPU does not touch these bytes of the staging slot until an event recorded after
-    /// this copy has completed; for a copy to the device, they are in the slot already.
-    /// `from + len` is at most the chunk's length.
+    /// As [`queue`](Self::queue), for these bytes of the slot; `from + len` is at most the
+    /// chunk's length.
     unsafe fn queue_piece(&self, i: usize, from: usize, len: usize) -> Result<()> {
         let (c, k) = (self.chunk(i), i % self.slots.len());
         let (off, _) = self.job.span(c);
@@ -345,7 +322,7 @@ impl Part<'_> {
             // start and the CPU idle at the end, some milliseconds of a 256 MiB copy).
             let mut from = 0;
             while from < len {
-                let m = PIECE.min(len - from);
+                let n = PIECE.min(len - from);
                 // SAFETY: the host range lies inside the caller's source, borrowed until this
                 // part is done; the staging slot holds `slot >= len` bytes and no copy reads
                 // it any more (its previous copy's event completed above, or it was never
@@ -354,17 +331,17 @@ impl Part<'_> {
                     host_copy(
                         (slot + from) as *mut u8,
                         (host + from) as *const u8,
-                        m,
+                        n,
                         self.job.p.nt,
                     )
                 };
                 // SAFETY: the piece is in the staging slot, which the CPU leaves alone until
                 // the slot's event, recorded after the last piece, has completed (the wait
                 // above, `depth` chunks later).
-                unsafe { self.queue_piece(i, from, m)? };
-                from += m;
+                unsafe { self.queue_piece(i, from, n)? };
+                from += n;
             }
-            self.lane.events[self.event(i % depth, 0)].record(&self.lane.stream)?;
+            self.lane.events[i % depth].record(&self.lane.stream)?;
         }
         Ok(())
     }
@@ -374,42 +351,23 @@ impl Part<'_> {
     fn to_host(&self) -> Result<()> {
         let (n, depth) = (self.len(), self.slots.len());
         for i in 0..depth.min(n) {
-            // SAFETY: the CPU reads staging slot `i` only after waiting for its pieces'
-            // events below.
-            unsafe { self.queue_to_host(i)? };
+            // SAFETY: the CPU reads staging slot `i` only after waiting for its event below.
+            unsafe { self.queue(i)? };
         }
         for i in 0..n {
             if self.aborted() {
                 break;
             }
+            self.wait(i % depth)?;
             let (host, slot, len) = self.host_and_slot(i);
-            // Piece by piece: the CPU starts on a chunk once its first piece has arrived (every
-            // worker's first chunks arrive at the same time: whole chunks kept the CPU idle
-            // until a whole chunk per worker had crossed the link).
-            let (k, mut from) = (i % depth, 0);
-            for j in 0.. {
-                let m = PIECE.min(len - from);
-                self.wait_piece(k, j)?;
-                // SAFETY: this piece's copy has completed (its event above); the host range
-                // lies inside the caller's destination, borrowed mutably until this part is
-                // done, and no other worker writes this chunk.
-                unsafe {
-                    host_copy(
-                        (host + from) as *mut u8,
-                        (slot + from) as *const u8,
-                        m,
-                        self.job.p.nt,
-                    )
-                };
-                from += m;
-                if from >= len {
-                    break;
-                }
-            }
+            // SAFETY: the staging slot's copy has completed (event above); the host range lies
+            // inside the caller's destination, borrowed mutably until this part is done, and
+            // no other worker writes this chunk.
+            unsafe { host_copy(host as *mut u8, slot as *const u8, len, self.job.p.nt) };
             if i + depth < n {
-                // SAFETY: the CPU is done with this staging slot (the copies just above) and
-                // reads it again only after waiting for the new events.
-                unsafe { self.queue_to_host(i + depth)? };
+                // SAFETY: the CPU is done with this staging slot (the copy just above) and
+                // reads it again only after waiting for the new event.
+                unsafe { self.queue(i + depth)? };
             }
         }
         Ok(())
