@@ -217,11 +217,6 @@ pub(super) fn run_part(pool: &PinnedPool, job: &Job, w: usize, lanes: &mut Lanes
     result.and(synced)
 }
 
-/// The piece of a chunk whose copy to the device is queued as soon as the CPU has filled it
-/// ([`Part::to_device`]). Small enough that the copy engine starts early, large enough that a
-/// piece's copy (about 10 µs at 55 GB/s) outweighs the call that queues it.
-const PIECE: usize = 512 << 10;
-
 /// One worker's part of a job.
 struct Part<'a> {
     job: &'a Job,
@@ -256,25 +251,11 @@ impl Part<'_> {
     /// The staging slot is not touched by the CPU until that event has completed; for a copy
     /// to the device, its chunk is already in the slot.
     unsafe fn queue(&self, i: usize) -> Result<()> {
-        let (_, len) = self.job.span(self.chunk(i));
-        // SAFETY: the caller's promise, for the whole chunk.
-        unsafe { self.queue_piece(i, 0, len)? };
-        self.lane.events[i % self.slots.len()].record(&self.lane.stream)
-    }
-
-    /// Queues the copy of bytes `from..from + len` of this part's `i`-th chunk between the
-    /// caller's device memory and staging slot `i % depth` (no event: the caller records the
-    /// slot's event after the chunk's last piece).
-    ///
-    /// # Safety
-    /// As [`queue`](Self::queue), for these bytes of the slot; `from + len` is at most the
-    /// chunk's length.
-    unsafe fn queue_piece(&self, i: usize, from: usize, len: usize) -> Result<()> {
         let (c, k) = (self.chunk(i), i % self.slots.len());
-        let (off, _) = self.job.span(c);
+        let (off, len) = self.job.span(c);
         let (dev, buf) = (
-            (self.job.p.dev + off + from) as *mut c_void,
-            (self.slots[k] + from) as *mut c_void,
+            (self.job.p.dev + off) as *mut c_void,
+            self.slots[k] as *mut c_void,
         );
         let (dst, src, kind, call) = match self.job.p.dir {
             Dir::ToDevice => (
@@ -295,7 +276,8 @@ impl Part<'_> {
         // pinned bytes that only this copy uses until its event completes (the caller's
         // promise); the stream is this lane's, alive while the lane is.
         let code = unsafe { sys::cudaMemcpyAsync(dst, src, len, kind, self.lane.stream.as_raw()) };
-        self.job.check_chunk(c, code, call)
+        self.job.check_chunk(c, code, call)?;
+        self.lane.events[k].record(&self.lane.stream)
     }
 
     /// Host memory of this part's `i`-th chunk, its staging slot, and its length.
@@ -315,33 +297,13 @@ impl Part<'_> {
                 self.wait(i % depth)?;
             }
             let (host, slot, len) = self.host_and_slot(i);
-            // The chunk goes out in pieces: each piece's copy to the device is queued as soon
-            // as the CPU has filled it, so the copy engine starts after one piece rather than
-            // a whole chunk, and finishes one piece after the CPU (every worker's first and
-            // last chunks are filled at the same time: whole chunks left the link idle at the
-            // start and the CPU idle at the end, some milliseconds of a 256 MiB copy).
-            let mut from = 0;
-            while from < len {
-                let n = PIECE.min(len - from);
-                // SAFETY: the host range lies inside the caller's source, borrowed until this
-                // part is done; the staging slot holds `slot >= len` bytes and no copy reads
-                // it any more (its previous copy's event completed above, or it was never
-                // used), and the pieces before this one are not written again.
-                unsafe {
-                    host_copy(
-                        (slot + from) as *mut u8,
-                        (host + from) as *const u8,
-                        n,
-                        self.job.p.nt,
-                    )
-                };
-                // SAFETY: the piece is in the staging slot, which the CPU leaves alone until
-                // the slot's event, recorded after the last piece, has completed (the wait
-                // above, `depth` chunks later).
-                unsafe { self.queue_piece(i, from, n)? };
-                from += n;
-            }
-            self.lane.events[i % depth].record(&self.lane.stream)?;
+            // SAFETY: the host range lies inside the caller's source, borrowed until this part
+            // is done; the staging slot holds `slot >= len` bytes and no copy reads it any more
+            // (its previous copy's event completed above, or it was never used).
+            unsafe { host_copy(slot as *mut u8, host as *const u8, len, self.job.p.nt) };
+            // SAFETY: the chunk is in the staging slot, which the CPU leaves alone until the
+            // copy's event has completed (the wait above, `depth` chunks later).
+            unsafe { self.queue(i)? };
         }
         Ok(())
     }
