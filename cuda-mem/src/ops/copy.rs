@@ -250,6 +250,9 @@ where
     // borrowed by a `scope`, the scope waits before it returns); pending conflicting work was
     // ordered before it by `begin`.
     let code = unsafe { sys::cudaMemcpyAsync(d.cast(), s.cast(), bytes, kind, stream.as_raw()) };
+    // Both ends' lines at once (the call evicted them).
+    _src_use.prefetch();
+    _dst_use.prefetch();
     checked(code, || {
         format!(
             "cudaMemcpyAsync({d:p}, {s:p}, {bytes} bytes, {}, stream {:p})",
