@@ -6,6 +6,7 @@
 #   scripts/gpu-round2.sh verify   # every test (run.sh), memcheck of the capture/graph/IPC/
 #                                  # launch/review tests, and the CUDA 12.0 load-mode bundle
 #                                  # started without LD_LIBRARY_PATH
+#   scripts/gpu-round2.sh final    # tests-all, memcheck of the new tests, calls/graphs/host
 #   scripts/gpu-round2.sh bench    # tests-all, then graphs.cu beside `cuda-mem bench` (the
 #                                  # baseline sections against the committed 16-core run; then
 #                                  # graphs, peers, host, shmoo), PyTorch's reference rows
@@ -64,6 +65,32 @@ bench)
     "$out/bench2-run.txt" | cut -c1-150 | head -70
   timeout 60 "$py" scripts/torch-ref.py --bench "$out/bench2.json" --json "$out/torch-ref.json" \
     >"$out/torch-ref.txt" 2>&1; echo "torch-ref rc=$?"
+  ;;
+final)
+  # The last state: tests-all, memcheck of the capture/graph/IPC/review tests, and the
+  # sections that the last changes touch (calls, host, graphs beside graphs.cu).
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+    timeout 100 "$b/tests/tests-all" --test-threads=1 >"$out/tests-all.txt" 2>&1
+  echo "tests-all rc=$? $(secs "$t") s: $(grep -E '^test result' "$out/tests-all.txt")"
+  grep -E 'FAILED|panicked' "$out/tests-all.txt" | head -10
+  t=$(date +%s)
+  CUDA_MEM_SANITIZER=1 CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+    timeout 120 compute-sanitizer --tool memcheck --leak-check full \
+    --report-api-errors no --error-exitcode 97 --print-limit 20 \
+    "$b/tests/tests-all" --test-threads=1 graph:: ipc:: launch:: review3:: review4:: hot:: \
+    --skip ipc::an_exporter_that_exits_early \
+    --skip review3::review3_a_pool_allocation_racing_a_capture_begin \
+    --skip review3::review3_a_copy_racing_a_foreign_capture_begin >"$out/memcheck.txt" 2>&1
+  echo "memcheck rc=$? in $(secs "$t") s"
+  grep -E 'test result|ERROR SUMMARY|Leaked' "$out/memcheck.txt" | head -10
+  nvcc -O2 -arch=sm_90 -o /tmp/graphs bundle/refbench/graphs.cu &&
+    timeout 20 bash -c '{ /tmp/graphs; /tmp/graphs k; }' >"$out/graphs-ref.txt" 2>&1
+  t=$(date +%s)
+  timeout 150 "$cm" bench --sections calls,graphs,host --json "$out/final.json" \
+    >"$out/final-run.txt" 2>&1; echo "bench rc=$? $(secs "$t") s"
+  grep -E 'over raw|graph nodes|launch / raw|x cudarc|staged_vs_pinned|Verified' \
+    "$out/final-run.txt" | cut -c1-150 | head -60
   ;;
 esac
 cd "$out" && tar czf /tmp/all.tgz . && rm -rf ./* && mv /tmp/all.tgz . && ls
