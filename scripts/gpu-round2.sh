@@ -17,12 +17,10 @@ b=bundle/cuda-13.0; cm="$b/bin/cuda-mem"
 py=python3; [ -x /opt/torch/.venv/bin/python ] && py=/opt/torch/.venv/bin/python
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 secs() { echo $(( $(date +%s) - $1 )); }
-case "${1:-verify}" in
-verify)
-  t=$(date +%s)
-  CUDA_MEM_REQUIRE_IPC=1 timeout "${SUITE_SECS:-330}" "$b/run.sh" >"$out/suite.txt" 2>&1
-  echo "run.sh rc=$? in $(secs "$t") s"; grep -E 'rc=|passed, .* failed' "$out/suite.txt" | head -40
-  t=$(date +%s)
+# The graph, IPC, launch, review and hot-path tests under memcheck (the tests that leak by
+# design skipped, as run.sh --memcheck skips them).
+memcheck_new() {
+  local t; t=$(date +%s)
   CUDA_MEM_SANITIZER=1 CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
     timeout "${MEMCHECK_SECS:-200}" compute-sanitizer --tool memcheck --leak-check full \
     --report-api-errors no --error-exitcode 97 --print-limit 20 \
@@ -31,7 +29,14 @@ verify)
     --skip review3::review3_a_pool_allocation_racing_a_capture_begin \
     --skip review3::review3_a_copy_racing_a_foreign_capture_begin >"$out/memcheck.txt" 2>&1
   echo "memcheck rc=$? in $(secs "$t") s"
-  grep -E 'test result|ERROR SUMMARY|FAILED|panicked|LEAK|leaked' "$out/memcheck.txt" | head -20
+  grep -E 'test result|ERROR SUMMARY|FAILED|panicked|Leaked' "$out/memcheck.txt" | head -20
+}
+case "${1:-verify}" in
+verify)
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_IPC=1 timeout "${SUITE_SECS:-330}" "$b/run.sh" >"$out/suite.txt" 2>&1
+  echo "run.sh rc=$? in $(secs "$t") s"; grep -E 'rc=|passed, .* failed' "$out/suite.txt" | head -40
+  memcheck_new
   c=bundle/c12; t=$(date +%s)
   echo "== 12.0 load mode, no LD_LIBRARY_PATH, nothing named:"
   env -u LD_LIBRARY_PATH -u CUDA_MEM_CUDART "$c/bin/cuda-mem" info 2>&1 | head -8
@@ -74,16 +79,7 @@ final)
     timeout 100 "$b/tests/tests-all" --test-threads=1 >"$out/tests-all.txt" 2>&1
   echo "tests-all rc=$? $(secs "$t") s: $(grep -E '^test result' "$out/tests-all.txt")"
   grep -E 'FAILED|panicked' "$out/tests-all.txt" | head -10
-  t=$(date +%s)
-  CUDA_MEM_SANITIZER=1 CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
-    timeout 120 compute-sanitizer --tool memcheck --leak-check full \
-    --report-api-errors no --error-exitcode 97 --print-limit 20 \
-    "$b/tests/tests-all" --test-threads=1 graph:: ipc:: launch:: review3:: review4:: hot:: \
-    --skip ipc::an_exporter_that_exits_early \
-    --skip review3::review3_a_pool_allocation_racing_a_capture_begin \
-    --skip review3::review3_a_copy_racing_a_foreign_capture_begin >"$out/memcheck.txt" 2>&1
-  echo "memcheck rc=$? in $(secs "$t") s"
-  grep -E 'test result|ERROR SUMMARY|Leaked' "$out/memcheck.txt" | head -10
+  memcheck_new
   nvcc -O2 -arch=sm_90 -o /tmp/graphs bundle/refbench/graphs.cu &&
     timeout 20 bash -c '{ /tmp/graphs; /tmp/graphs k; }' >"$out/graphs-ref.txt" 2>&1
   t=$(date +%s)

@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use cuda_mem::interop::cudarc::context;
 use cuda_mem::{
-    copy_async, sys, CaptureMode, Device, DeviceBuffer, DevicePtrMut as _, Error, GraphExec,
+    copy_async, sys, CaptureMode, Device, DeviceBuffer, DevicePtrMut as _, Error, Graph, GraphExec,
     GraphResources, HostAllocFlags, PinnedBuffer, Result, Stream,
 };
 use cuda_mem_probes::{bump_grid, Probes, BUMP_BLOCK, PROBE_PTX};
@@ -437,6 +437,27 @@ fn replays<R: GraphResources>(
 }
 
 /// The progress lines and rows of one sequence.
+/// A sequence's graph rows: its nodes, then its replays (ours, raw, cudarc's) beside the
+/// eager rounds `eager`; the graph's resources handed back.
+fn graph_rows<R: GraphResources>(
+    res: &mut BenchResults,
+    kernels_only: bool,
+    s: &Stream,
+    cudarc: &mut Option<Cu>,
+    graph: Graph<R>,
+    eager: &(Times, Times),
+) -> Result<Replays> {
+    progress(&format!(
+        "  graph nodes, cuda-mem: {}",
+        node_kinds(graph.as_raw())
+    ));
+    let exec = graph.instantiate()?;
+    let g = replays(res, kernels_only, s, cudarc, &exec)?;
+    exec.into_resources()?;
+    report(res, kernels_only, eager, &g);
+    Ok(g)
+}
+
 fn report(res: &mut BenchResults, kernels_only: bool, eager: &(Times, Times), g: &Replays) {
     let (test, _) = names(kernels_only);
     let (eh, ee) = eager.0.medians_us();
@@ -489,14 +510,7 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     let graph = s.capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
         ours_kernels(&probes, e, cap.stream())
     })?;
-    progress(&format!(
-        "  graph nodes, cuda-mem: {}",
-        node_kinds(graph.as_raw())
-    ));
-    let exec = graph.instantiate()?;
-    let g = replays(res, true, &s, &mut cudarc, &exec)?;
-    exec.into_resources()?;
-    report(res, true, &ea, &g);
+    let g = graph_rows(res, true, &s, &mut cudarc, graph, &ea)?;
     // Every round bumps each word 100 times: eager rounds, and replays through the crate's
     // launch and the raw one (cudarc: eager rounds and its replays, where it captured).
     let want = (100 * ALL * 3) as u32;
@@ -536,14 +550,7 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
         (&h, &mut d, &mut e),
         |cap, (h, d, e)| ours_mixed(&probes, h, d, e, cap.stream()),
     )?;
-    progress(&format!(
-        "  graph nodes, cuda-mem: {}",
-        node_kinds(graph.as_raw())
-    ));
-    let exec = graph.instantiate()?;
-    let g = replays(res, false, &s, &mut cudarc, &exec)?;
-    exec.into_resources()?;
-    report(res, false, &ea, &g);
+    graph_rows(res, false, &s, &mut cudarc, graph, &ea)?;
     // Each step zeroes `e`, copies the source in and bumps it: element i ends as i + 1.
     let wrong = first_wrong(&e.to_vec()?, |i| i as u32 + 1);
     check(
