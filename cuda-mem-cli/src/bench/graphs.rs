@@ -513,26 +513,9 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     let g = graph_rows(res, true, &s, &mut cudarc, graph, &ea)?;
     // Every round bumps each word 100 times: eager rounds, and replays through the crate's
     // launch and the raw one (cudarc: eager rounds and its replays, where it captured).
-    let want = (100 * ALL * 3) as u32;
-    let wrong = first_wrong(&e.to_vec()?, |_| want);
-    check(
-        res,
-        format!("graphs: cuda-mem, {name}"),
-        wrong.is_none(),
-        || wrong.unwrap_or_default(),
-    );
-    if let Some(c) = cudarc.as_mut() {
-        let got = cu(c.cs.clone_dtoh(&c.e), "clone_dtoh")?;
-        let ran = if g.cudarc.host.is_empty() { 1 } else { 2 };
-        let want = (100 * ALL * ran) as u32;
-        let wrong = first_wrong(&got, |_| want);
-        check(
-            res,
-            format!("graphs: cudarc, {name}"),
-            wrong.is_none(),
-            || wrong.unwrap_or_default(),
-        );
-    }
+    let ran = if g.cudarc.host.is_empty() { 1 } else { 2 };
+    let (ours, theirs) = ((100 * ALL * 3) as u32, (100 * ALL * ran) as u32);
+    check_sides(res, name, &e, cudarc.as_ref(), |_| ours, |_| theirs)?;
 
     // The mixed sequence: `h` read, `d` and `e` written.
     drop(cudarc);
@@ -552,16 +535,30 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     )?;
     graph_rows(res, false, &s, &mut cudarc, graph, &ea)?;
     // Each step zeroes `e`, copies the source in and bumps it: element i ends as i + 1.
-    let wrong = first_wrong(&e.to_vec()?, |i| i as u32 + 1);
+    let want = |i: usize| i as u32 + 1;
+    check_sides(res, name, &e, cudarc.as_ref(), want, want)
+}
+
+/// The data check of a sequence on both sides: ours in `e`, cudarc's in its `e` (where its
+/// side ran), element `i` expected as `ours(i)` and `theirs(i)`.
+fn check_sides(
+    res: &mut BenchResults,
+    name: &str,
+    e: &DeviceBuffer<u32>,
+    cudarc: Option<&Cu>,
+    ours: impl Fn(usize) -> u32,
+    theirs: impl Fn(usize) -> u32,
+) -> Result<()> {
+    let wrong = first_wrong(&e.to_vec()?, ours);
     check(
         res,
         format!("graphs: cuda-mem, {name}"),
         wrong.is_none(),
         || wrong.unwrap_or_default(),
     );
-    if let Some(c) = cudarc.as_mut() {
+    if let Some(c) = cudarc {
         let got = cu(c.cs.clone_dtoh(&c.e), "clone_dtoh")?;
-        let wrong = first_wrong(&got, |i| i as u32 + 1);
+        let wrong = first_wrong(&got, theirs);
         check(
             res,
             format!("graphs: cudarc, {name}"),

@@ -154,8 +154,7 @@ fn review3_a_copy_racing_a_capture_begin_is_never_captured() {
     let d = DeviceBuffer::from_slice(&data).unwrap();
     let mut out = DeviceBuffer::<u32>::zeroed(N).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let mut captured_nodes = 0usize;
-    let copies = std::thread::scope(|sc| {
+    let (captured_nodes, copies) = std::thread::scope(|sc| {
         let copier = sc.spawn(|| {
             let mut copies = 0usize;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -167,21 +166,9 @@ fn review3_a_copy_racing_a_capture_begin_is_never_captured() {
             }
             copies
         });
-        for _ in 0..2000 {
-            let g = match s.capture(CaptureMode::Relaxed, (), |_, _| Ok(())) {
-                Ok(g) => g,
-                Err(_) => continue, // an invalidated capture: nothing captured
-            };
-            let mut n = 0usize;
-            // SAFETY: a live graph (owned by `g`); a null node array asks for the count.
-            let code = unsafe {
-                cuda_mem_sys::cudaGraphGetNodes(g.as_raw(), std::ptr::null_mut(), &mut n)
-            };
-            assert_eq!(code, cuda_mem_sys::cudaError::cudaSuccess);
-            captured_nodes += n;
-        }
+        let captured_nodes = empty_captures(&s, 2000);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        copier.join().unwrap()
+        (captured_nodes, copier.join().unwrap())
     });
     s.synchronize().unwrap();
     assert_eq!(
@@ -209,8 +196,7 @@ fn review3_a_pool_allocation_racing_a_capture_begin_is_never_captured() {
     let pool = cuda_mem::MemPool::new(dev).unwrap();
     let s = Stream::non_blocking().unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let mut captured_nodes = 0usize;
-    let allocs = std::thread::scope(|sc| {
+    let (captured_nodes, allocs) = std::thread::scope(|sc| {
         let allocator = sc.spawn(|| {
             let mut allocs = 0usize;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -225,21 +211,9 @@ fn review3_a_pool_allocation_racing_a_capture_begin_is_never_captured() {
             }
             allocs
         });
-        for _ in 0..2000 {
-            let g = match s.capture(CaptureMode::Relaxed, (), |_, _| Ok(())) {
-                Ok(g) => g,
-                Err(_) => continue, // an invalidated capture: nothing captured
-            };
-            let mut n = 0usize;
-            // SAFETY: a live graph (owned by `g`); a null node array asks for the count.
-            let code = unsafe {
-                cuda_mem_sys::cudaGraphGetNodes(g.as_raw(), std::ptr::null_mut(), &mut n)
-            };
-            assert_eq!(code, cuda_mem_sys::cudaError::cudaSuccess);
-            captured_nodes += n;
-        }
+        let captured_nodes = empty_captures(&s, 2000);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        allocator.join().unwrap()
+        (captured_nodes, allocator.join().unwrap())
     });
     s.synchronize().unwrap();
     assert_eq!(
@@ -312,4 +286,23 @@ fn review3_a_copy_racing_a_foreign_capture_begin_gives_its_buffers_up() {
     }
     drop(graphs);
     // `out` and `d` are leaked on drop (their fences are given up).
+}
+
+/// Begins and ends `rounds` empty captures on `s` (relaxed mode, no resources), while another
+/// thread races them: the nodes their graphs hold, which only work queued by that thread can
+/// have put there. (An invalidated capture has no graph: nothing captured.)
+fn empty_captures(s: &Stream, rounds: usize) -> usize {
+    let mut nodes = 0;
+    for _ in 0..rounds {
+        let Ok(g) = s.capture(CaptureMode::Relaxed, (), |_, _| Ok(())) else {
+            continue;
+        };
+        let mut n = 0usize;
+        // SAFETY: a live graph (owned by `g`); a null node array asks for the count.
+        let code =
+            unsafe { cuda_mem_sys::cudaGraphGetNodes(g.as_raw(), std::ptr::null_mut(), &mut n) };
+        assert_eq!(code, cuda_mem_sys::cudaError::cudaSuccess);
+        nodes += n;
+    }
+    nodes
 }
