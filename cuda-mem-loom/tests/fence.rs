@@ -640,3 +640,99 @@ fn a_wait_for_an_entry_as_it_was_does_not_let_a_publication_past_its_new_marks()
         w.host(Access::Write);
     });
 }
+
+/// Review of issue 21: a `waited` record outlives the entry it names when a host wait retires
+/// that entry (only pruning drops such records). Stream 1 writes the first half; stream 0
+/// reads everything, waiting for it (a record for stream 1 at its clock then), and publishes
+/// its reads beside it; a host read retires stream 1's entry. Then stream 1 writes the second
+/// half on one thread (a new entry, a new clock) while stream 0 reads the first half fast on
+/// another; afterwards stream 0's read of the second half must wait for the new write, the
+/// stale record notwithstanding. Caught: a clock per entry (a new entry's first mark would
+/// match the stale record), and a publication or skip that trusts a record for a stream
+/// whose entry was replaced.
+#[test]
+fn a_stale_wait_for_a_retired_entry_is_not_trusted_for_its_successor() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(1, (0, 32), Access::Write);
+        w.queue(0, ALL, Access::Read);
+        w.host(Access::Read);
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Read));
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.queue(0, (32, 64), Access::Read);
+        w.host(Access::Write);
+    });
+}
+
+/// Review of issue 21: stream 0 publishes its writes beside stream 1's read, which it waited
+/// for; on another thread stream 1 reads the other half of a view anew (its entry changes:
+/// new marks, a new clock, under the lock) while stream 0 writes its half fast. Afterwards a
+/// write of stream 0 inside the old publication's range, on the bytes stream 1 just read,
+/// must wait for that read: the holder withdrew the publication, and the wait stream 0 made
+/// for stream 1's entry as it was stands no more. Caught: a holder that changes another
+/// entry without withdrawing, and a `waited` match without the clock.
+#[test]
+fn a_publication_beside_a_waited_entry_ends_when_that_entry_marks_anew() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(1, ALL, Access::Read);
+        w.queue(0, ALL, Access::Write);
+        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Read));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.queue(0, (32, 64), Access::Write);
+        w.host(Access::Write);
+    });
+}
+
+/// Review of issue 21: publications alternate between two streams that each waited for the
+/// other (stream 0 writes the first half after stream 1's read, stream 1 then writes the
+/// second half after stream 0's write of the first... on disjoint bytes, then each reads the
+/// other's half), two threads queueing at once on disjoint views; every conflicting pair
+/// must be ordered, and the host write waits for everything. Caught: a publication that
+/// outlives a holder, or one made beside an entry whose wait was recorded while work was in
+/// flight (the record then covers only part of the entry's work).
+#[test]
+fn publications_alternate_between_streams_that_waited_for_each_other() {
+    model(|| {
+        let w = World::new(2);
+        w.queue(1, ALL, Access::Read);
+        w.queue(0, (0, 32), Access::Write);
+        w.queue(1, (32, 64), Access::Write);
+        let a = spawn(&w, |w| {
+            w.queue(0, (0, 32), Access::Write);
+            w.queue(0, (0, 32), Access::Read);
+        });
+        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
+        a.join().unwrap();
+        b.join().unwrap();
+        w.queue(1, (0, 32), Access::Read);
+        w.queue(0, (32, 64), Access::Read);
+        w.host(Access::Write);
+    });
+}
+
+/// Review of issue 21: the other entries a publication is checked against include the marks
+/// an event was recorded for but that are not known complete (an entry's recorded ranges):
+/// stream 1's write is recorded, not waited for, when the marks of eight more streams (reads
+/// elsewhere) prune the entries; stream 0 then writes five pieces around it, whose hull
+/// covers it, and its write into the gap must still wait for stream 1's write. Caught: a
+/// publication checked against the other entries' marks since their last record only.
+#[test]
+fn a_publication_is_checked_against_marks_already_recorded() {
+    model(|| {
+        let w = World::new(10);
+        w.queue(1, (40, 44), Access::Write);
+        for s in 2..10 {
+            w.queue(s, (54 + s, 55 + s), Access::Read);
+        }
+        for p in [0, 8, 16, 24, 48] {
+            w.queue(0, (p, p + 4), Access::Write);
+        }
+        w.queue(0, (40, 44), Access::Write);
+        w.host(Access::Write);
+    });
+}
