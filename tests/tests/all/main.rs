@@ -33,6 +33,7 @@ mod registered;
 mod review;
 mod review3;
 mod review4;
+mod review5;
 mod soundness;
 mod staged;
 mod views;
