@@ -589,13 +589,7 @@ pub(crate) fn any_open() -> bool {
 
 /// The token of the open capture `s` captures into, if any.
 pub(crate) fn capture_of(s: &StreamInner) -> Option<u64> {
-    if !any_open() {
-        return None;
-    }
-    registry()
-        .iter()
-        .find(|o| o.streams.iter().any(|x| StreamInner::same(x, s)))
-        .map(|o| o.token)
+    capture_state_of(s).map(|(token, _)| token)
 }
 
 /// The capture `s` captures into, and whether it has begun (else it is beginning: work
