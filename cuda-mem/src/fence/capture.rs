@@ -61,23 +61,42 @@ static LEGACY_DRAINED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 /// its owner writes a set; [`legacy_marked`] sums them all.
 struct Counts([AtomicU64; 64]);
 
-/// Every set of counts ever made (never freed: a thread's counts must stay in the sums after
-/// it exits), and those that no live thread owns (handed to the next thread that needs one:
-/// there are never more sets than threads noting at once).
-struct Registry {
-    all: Vec<&'static Counts>,
-    free: Vec<&'static Counts>,
+/// Per-thread objects handed out for good (leaked, never freed), and handed back to be
+/// reused by the next thread that needs one: there are never more than threads using them
+/// at once.
+struct Handout<T: 'static> {
+    /// Every one ever made.
+    all: Vec<&'static T>,
+    /// Those that no live thread owns.
+    free: Vec<&'static T>,
 }
 
-static COUNTS: Mutex<Registry> = Mutex::new(Registry {
-    all: Vec::new(),
-    free: Vec::new(),
-});
+impl<T> Handout<T> {
+    const fn new() -> Self {
+        Handout {
+            all: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    /// A free one, or a new one (`make`) where none is free.
+    fn take(&mut self, make: impl FnOnce() -> T) -> &'static T {
+        self.free.pop().unwrap_or_else(|| {
+            let t: &'static T = Box::leak(Box::new(make()));
+            self.all.push(t);
+            t
+        })
+    }
+}
+
+/// Every set of counts ever made (never freed: a thread's counts must stay in the sums after
+/// it exits), and those that no live thread owns.
+static COUNTS: Mutex<Handout<Counts>> = Mutex::new(Handout::new());
 /// Legacy work noted by a thread whose thread-local storage is already gone (noted while it
 /// exits, from another thread-local's destructor).
 static LATE_MARKED: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 
-fn counts_registry() -> MutexGuard<'static, Registry> {
+fn counts_registry() -> MutexGuard<'static, Handout<Counts>> {
     // Nothing panics while holding it; recover the lists anyway.
     COUNTS.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -90,16 +109,7 @@ impl MyCounts {
         if let Some(c) = self.0.get() {
             return c;
         }
-        let mut r = counts_registry();
-        let c = match r.free.pop() {
-            Some(c) => c,
-            None => {
-                let c: &'static Counts =
-                    Box::leak(Box::new(Counts([const { AtomicU64::new(0) }; 64])));
-                r.all.push(c);
-                c
-            }
-        };
+        let c = counts_registry().take(|| Counts([const { AtomicU64::new(0) }; 64]));
         self.0.set(Some(c));
         c
     }
@@ -130,18 +140,10 @@ fn legacy_marked(d: usize) -> u64 {
 }
 
 /// Every handshake slot ever made (never freed: an operation may still hold a pointer to
-/// one), and those that no live thread owns (handed to the next thread that needs one).
-struct SlotRegistry {
-    all: Vec<&'static Slot>,
-    free: Vec<&'static Slot>,
-}
+/// one), and those that no live thread owns.
+static SLOTS: Mutex<Handout<Slot>> = Mutex::new(Handout::new());
 
-static SLOTS: Mutex<SlotRegistry> = Mutex::new(SlotRegistry {
-    all: Vec::new(),
-    free: Vec::new(),
-});
-
-fn slot_registry() -> MutexGuard<'static, SlotRegistry> {
+fn slot_registry() -> MutexGuard<'static, Handout<Slot>> {
     // Nothing panics while holding it; recover the lists anyway.
     SLOTS.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -160,15 +162,7 @@ impl MySlot {
         if let Some(s) = self.0.get() {
             return s;
         }
-        let mut r = slot_registry();
-        let s = match r.free.pop() {
-            Some(s) => s,
-            None => {
-                let s: &'static Slot = Box::leak(Box::new(Slot::new()));
-                r.all.push(s);
-                s
-            }
-        };
+        let s = slot_registry().take(Slot::new);
         self.0.set(Some(s));
         s
     }
