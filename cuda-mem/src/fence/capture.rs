@@ -434,9 +434,7 @@ impl InOp {
             open,
         )
     }
-}
 
-impl InOp {
     /// Asks for the thread's slot line ahead of its use by the drop ([`prefetch_line`]).
     #[inline(always)]
     pub(crate) fn prefetch(&self) {
