@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, ThreadId};
 
@@ -33,10 +34,10 @@ pub(crate) struct StreamInner {
     /// Whether another library holds the stream too (a cudarc stream wrapped, or this stream
     /// lent to cudarc), so that it may begin a stream capture the crate does not know of: the
     /// fence then asks the runtime before queueing (`fence::Fence::check_queue`).
-    lent: std::sync::atomic::AtomicBool,
+    lent: AtomicBool,
     /// Set once [`check_current`](Self::check_current) learnt that the process has one device
     /// (which stays so: see `sole_device`): the check then reads no other line.
-    sole: std::sync::atomic::AtomicBool,
+    sole: AtomicBool,
     owned: bool,
     /// What keeps a borrowed handle valid, where this crate can hold it: another library's
     /// stream object (cudarc's `Arc<CudaStream>`), released with the last clone.
@@ -64,8 +65,8 @@ impl StreamInner {
             raw,
             thread,
             device,
-            lent: std::sync::atomic::AtomicBool::new(keeper.is_some()),
-            sole: std::sync::atomic::AtomicBool::new(false),
+            lent: AtomicBool::new(keeper.is_some()),
+            sole: AtomicBool::new(false),
             owned,
             _keeper: keeper,
         })
@@ -92,13 +93,13 @@ impl StreamInner {
     /// Notes that another library holds the stream too (see the field).
     #[cfg_attr(not(feature = "cudarc-unpinned"), allow(dead_code))]
     pub(crate) fn mark_lent(&self) {
-        self.lent.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.lent.store(true, Ordering::Relaxed);
     }
 
     /// Whether another library holds the stream too.
     #[inline]
     pub(crate) fn is_lent(&self) -> bool {
-        self.lent.load(std::sync::atomic::Ordering::Relaxed)
+        self.lent.load(Ordering::Relaxed)
     }
 
     /// The handle to pass to the runtime on the calling thread. A per-thread default stream
@@ -177,7 +178,7 @@ impl StreamInner {
     #[inline]
     pub(crate) fn check_current(&self, op: &'static str) -> Result<()> {
         if (self.raw as usize) <= PER_THREAD_HANDLE {
-            let current = if self.sole.load(std::sync::atomic::Ordering::Relaxed) {
+            let current = if self.sole.load(Ordering::Relaxed) {
                 0
             } else {
                 self.current_ordinal()
@@ -196,7 +197,7 @@ impl StreamInner {
     fn current_ordinal(&self) -> i32 {
         let current = crate::handles::devices::current_ordinal();
         if crate::handles::devices::sole_device() {
-            self.sole.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.sole.store(true, Ordering::Relaxed);
         }
         current
     }
