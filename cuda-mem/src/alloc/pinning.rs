@@ -172,8 +172,7 @@ impl Block {
     /// by [`free`](Self::free). Always succeeds (an allocation failure aborts, as for `Vec`).
     #[cfg(test)]
     pub(crate) fn heap(bytes: usize) -> Block {
-        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 4096)
-            .unwrap_or_else(|_| std::alloc::Layout::new::<u8>());
+        let layout = Self::heap_layout(bytes);
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
@@ -182,6 +181,14 @@ impl Block {
             bytes,
             made: Made::Heap,
         }
+    }
+
+    /// The layout of a [`heap`](Self::heap) block of `bytes`, the same at allocation and at
+    /// [`free`](Self::free).
+    #[cfg(test)]
+    fn heap_layout(bytes: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(bytes.max(1), 4096)
+            .unwrap_or_else(|_| std::alloc::Layout::new::<u8>())
     }
 
     /// Whether the block was made by mapping and registering.
@@ -213,8 +220,7 @@ impl Block {
             }
             #[cfg(test)]
             Made::Heap => {
-                let layout = std::alloc::Layout::from_size_align(self.bytes.max(1), 4096)
-                    .unwrap_or_else(|_| std::alloc::Layout::new::<u8>());
+                let layout = Self::heap_layout(self.bytes);
                 // SAFETY: made by `Block::heap` with this layout; consumed here, never used
                 // again.
                 unsafe { std::alloc::dealloc(p, layout) };

@@ -4,7 +4,9 @@
 
 use std::fmt;
 
-use crate::error::{Misuse, Result};
+#[cfg(any(doc, test))]
+use crate::error::Misuse;
+use crate::error::{invalid_argument as bad, Result};
 use crate::handles::event::IPC_EVENT_HANDLE_LEN;
 
 /// The size of a `cudaIpcMemHandle_t` and of a `cudaMemPoolPtrExportData`.
@@ -108,14 +110,6 @@ impl Get<'_> {
     fn u64(&mut self) -> u64 {
         u64::from_le_bytes(self.take())
     }
-}
-
-fn bad(op: &'static str, reason: impl Into<String>) -> crate::error::Error {
-    Misuse::InvalidArgument {
-        op,
-        reason: reason.into(),
-    }
-    .into()
 }
 
 impl IpcHandle {

@@ -150,20 +150,11 @@ impl<E> State<E> {
     pub(super) fn evict(&mut self, excess: usize) -> (Vec<Block>, usize) {
         let (mut out, mut bytes) = (Vec::new(), 0);
         while bytes < excess {
-            let Some(mut entry) = self.free.last_entry() else {
+            let Some((key, b)) = self.pop_largest() else {
                 break;
             };
-            let class = entry.key().class;
-            match entry.get_mut().pop() {
-                Some(b) => {
-                    self.c.cached -= class as i64;
-                    bytes += class;
-                    out.push(b);
-                }
-                None => {
-                    entry.remove();
-                }
-            }
+            bytes += key.class;
+            out.push(b);
         }
         (out, bytes)
     }
@@ -173,21 +164,30 @@ impl<E> State<E> {
     pub(super) fn shed(&mut self, keep: usize) -> Vec<(Key, Block)> {
         let mut out = Vec::new();
         while self.c.cached > keep as i64 {
-            let Some(mut entry) = self.free.last_entry() else {
+            let Some(kb) = self.pop_largest() else {
                 break;
             };
+            out.push(kb);
+        }
+        out
+    }
+
+    /// The largest free block taken out (its bytes no longer counted cached here), emptied
+    /// free lists removed on the way; `None` when no free block is left.
+    fn pop_largest(&mut self) -> Option<(Key, Block)> {
+        loop {
+            let mut entry = self.free.last_entry()?;
             let key = *entry.key();
             match entry.get_mut().pop() {
                 Some(b) => {
                     self.c.cached -= key.class as i64;
-                    out.push((key, b));
+                    return Some((key, b));
                 }
                 None => {
                     entry.remove();
                 }
             }
         }
-        out
     }
 
     /// Everything out: the free blocks, the pending ones and the counters (cached bytes
