@@ -481,22 +481,22 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let pool = MemPool::new(nb.device())?;
+    // One pair, ours or the raw calls.
+    let pair = |ours: bool| -> Result<()> {
+        if ours {
+            return DeviceBuffer::<u64>::from_pool(&pool, SMALL / 8, &nb)?.free();
+        }
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; live pool and stream handles.
+        let code =
+            unsafe { sys::cudaMallocFromPoolAsync(&mut p, SMALL, pool.as_raw(), nb.as_raw()) };
+        check(code, || "cudaMallocFromPoolAsync".into())?;
+        // SAFETY: `p` was just allocated on `nb` and is used by nothing; freed once.
+        let code = unsafe { sys::cudaFreeAsync(p, nb.as_raw()) };
+        check(code, || "cudaFreeAsync".into())
+    };
     let t = paired(samples, |ours| {
-        let t = time_ns(calls, || {
-            if ours {
-                DeviceBuffer::<u64>::from_pool(&pool, SMALL / 8, &nb)?.free()
-            } else {
-                let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: valid out-pointer; live pool and stream handles.
-                let code = unsafe {
-                    sys::cudaMallocFromPoolAsync(&mut p, SMALL, pool.as_raw(), nb.as_raw())
-                };
-                check(code, || "cudaMallocFromPoolAsync".into())?;
-                // SAFETY: `p` was just allocated on `nb` and is used by nothing; freed once.
-                let code = unsafe { sys::cudaFreeAsync(p, nb.as_raw()) };
-                check(code, || "cudaFreeAsync".into())
-            }
-        })?;
+        let t = time_ns(calls, || pair(ours))?;
         nb.synchronize()?;
         Ok(t)
     })?;
@@ -504,19 +504,7 @@ fn main() -> anyhow::Result<()> {
         Some(c) => {
             let run = |ours: bool| -> Result<()> {
                 for _ in 0..calls {
-                    if ours {
-                        DeviceBuffer::<u64>::from_pool(&pool, SMALL / 8, &nb)?.free()?;
-                    } else {
-                        let mut p: *mut c_void = std::ptr::null_mut();
-                        // SAFETY: as above.
-                        let code = unsafe {
-                            sys::cudaMallocFromPoolAsync(&mut p, SMALL, pool.as_raw(), nb.as_raw())
-                        };
-                        check(code, || "cudaMallocFromPoolAsync".into())?;
-                        // SAFETY: as above.
-                        let code = unsafe { sys::cudaFreeAsync(p, nb.as_raw()) };
-                        check(code, || "cudaFreeAsync".into())?;
-                    }
+                    pair(ours)?;
                 }
                 Ok(())
             };

@@ -39,6 +39,7 @@ use cudarc::driver::{
     PinnedHostSlice, PushKernelArg as _,
 };
 
+use super::peers::cu;
 use super::{progress, Paired};
 use crate::results::{BenchResults, Check, HostRow};
 use crate::units::median;
@@ -49,14 +50,6 @@ const ROUNDS: usize = 200;
 const WARMUP: usize = 20;
 /// Rounds each side runs, warm-up included.
 const ALL: usize = ROUNDS + WARMUP;
-
-/// cudarc's error as ours, naming what failed.
-fn cu<T>(r: std::result::Result<T, cudarc::driver::DriverError>, what: &str) -> Result<T> {
-    r.map_err(|e| Error::Cuda {
-        code: cuda_mem::ErrorCode(e.0 as u32),
-        call: format!("cudarc {what}"),
-    })
-}
 
 /// The bench's own refusal, for a failed setup step or a missing graph.
 fn refused(reason: String) -> Error {

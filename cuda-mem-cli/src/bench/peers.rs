@@ -101,8 +101,11 @@ fn row(test: &'static str, config: String, bytes: u64, moved: Option<u64>, t: Pa
     r
 }
 
-/// cudarc's error as ours, naming what failed.
-fn cu<T>(r: std::result::Result<T, cudarc::driver::DriverError>, what: &str) -> Result<T> {
+/// cudarc's error as ours, naming what failed (also the graphs section's).
+pub(super) fn cu<T>(
+    r: std::result::Result<T, cudarc::driver::DriverError>,
+    what: &str,
+) -> Result<T> {
     r.map_err(|e| Error::Cuda {
         code: cuda_mem::ErrorCode(e.0 as u32),
         call: format!("cudarc {what}"),

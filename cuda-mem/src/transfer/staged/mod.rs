@@ -185,6 +185,7 @@ pub(super) fn global() -> Result<&'static Global> {
     GLOBAL.get_or_init(start).as_ref().map_err(Error::clone)
 }
 
+/// `m` locked, a poisoned lock taken as it is (as every lock of the stager is).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex};
 use cuda_mem_sys as sys;
 
 use super::memcpy::host_copy;
-use super::Dir;
+use super::{lock, Dir};
 use crate::alloc::pinned_pool::PinnedPool;
 use crate::error::{check, Error, Result};
 use crate::handles::devices::Device;
@@ -107,18 +107,18 @@ impl Job {
 
     pub(super) fn fail(&self, e: Error) {
         self.abort.store(true, Ordering::Relaxed);
-        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock(&self.error);
         slot.get_or_insert(e);
     }
 
     /// Blocks until every part has finished; the first error of any part.
     pub(super) fn wait(&self) -> Result<()> {
-        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left = lock(&self.left);
         while *left > 0 {
             left = self.done.wait(left).unwrap_or_else(|p| p.into_inner());
         }
         drop(left);
-        let err = self.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let err = lock(&self.error).take();
         err.map_or(Ok(()), Err)
     }
 }
@@ -133,7 +133,7 @@ impl Drop for PartDone<'_> {
         if std::thread::panicking() {
             std::process::abort();
         }
-        let mut left = self.0.left.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left = lock(&self.0.left);
         *left -= 1;
         if *left == 0 {
             self.0.done.notify_all();

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::Dir;
+use super::{lock, Dir};
 
 /// Smallest copy whose store kind is tried.
 pub(super) const FROM: usize = 64 << 20;
@@ -92,7 +92,7 @@ impl Tuner {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, [[Class; CLASSES]; 2]> {
-        self.classes.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.classes)
     }
 
     /// The store kind for a staged copy of `bytes` in `dir` whose configuration says

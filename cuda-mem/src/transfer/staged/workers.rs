@@ -12,7 +12,7 @@ use bytemuck::Pod;
 use super::config::StagingConfig;
 use super::pipeline::{run_part, Job, JobParams, Lanes, PartDone};
 use super::tune::{LargeCopyChoice, Tuner};
-use super::{is_pageable, Dir};
+use super::{is_pageable, lock, Dir};
 use crate::alloc::pinned_pool::PinnedPool;
 use crate::contract::memory::{sealed, Memory, MemoryMut};
 use crate::contract::size;
@@ -123,7 +123,7 @@ impl Stager {
 
     /// The configuration copies use now.
     pub fn config(&self) -> StagingConfig {
-        *self.shared.config.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.shared.config)
     }
 
     /// Worker threads started.
@@ -149,7 +149,7 @@ impl Stager {
             }
             .into());
         }
-        *self.shared.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+        *lock(&self.shared.config) = config;
         if let Some(t) = self.shared.tune.get() {
             t.off();
         }
@@ -315,7 +315,7 @@ impl Stager {
         let start = self.shared.next.fetch_add(parts, Ordering::Relaxed);
         for part in 0..parts {
             let slot = &self.shared.slots[(start + part) % n];
-            let mut q = slot.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = lock(&slot.jobs);
             q.0.push_back((job.clone(), part));
             slot.ready.notify_one();
         }
@@ -326,7 +326,7 @@ impl Stager {
 impl Drop for Stager {
     fn drop(&mut self) {
         for slot in &self.shared.slots {
-            let mut q = slot.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = lock(&slot.jobs);
             q.1 = true;
             slot.ready.notify_one();
         }
@@ -341,7 +341,7 @@ fn worker(sh: &Shared, w: usize) {
     loop {
         let (job, part) = {
             let slot = &sh.slots[w];
-            let mut q = slot.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = lock(&slot.jobs);
             loop {
                 if let Some(j) = q.0.pop_front() {
                     break j;
