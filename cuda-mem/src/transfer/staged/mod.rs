@@ -171,8 +171,10 @@ pub(super) struct Global {
 
 static GLOBAL: OnceLock<Result<Global>> = OnceLock::new();
 
-/// A configuration set by [`set_staged_config`] before the process-wide stager started.
-static OVERRIDE: Mutex<Option<StagingConfig>> = Mutex::new(None);
+/// A configuration set by [`set_staged_config`] before the process-wide stager started, and
+/// whether [`start`] has read it already (under this lock: a setting made after that read
+/// waits for the start and is applied to the running stager, never left unread).
+static OVERRIDE: Mutex<(Option<StagingConfig>, bool)> = Mutex::new((None, false));
 
 /// The smallest copy of each direction [`copy`](crate::copy) hands to the process-wide
 /// stager: its thresholds once it runs; before, the smallest that calibration or a setting
@@ -193,7 +195,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn start() -> Result<Global> {
     let (from_env, fixed, no_calibration, env) =
         apply_env(StagingConfig::default(), |k| std::env::var(k).ok())?;
-    let over = *lock(&OVERRIDE);
+    let over = {
+        let mut o = lock(&OVERRIDE);
+        o.1 = true;
+        o.0
+    };
     let workers = cores()
         .max(from_env.threads)
         .max(over.map_or(0, |c| c.threads));
@@ -263,14 +269,22 @@ pub fn staged_config() -> Result<StagedSetup> {
 /// ([`StagedSetup::workers`]).
 pub fn set_staged_config(config: StagingConfig) -> Result<()> {
     config.check("set_staged_config")?;
-    match GLOBAL.get() {
-        Some(Ok(g)) => {
-            g.stager.set_config(config)?;
-            let mut s = lock(&g.setup);
-            s.config = config;
-            s.source = ConfigSource::Override;
+    {
+        let mut o = lock(&OVERRIDE);
+        if !o.1 {
+            // Not started: the start reads it (under the same lock).
+            o.0 = Some(config);
+            publish_thresholds(&config);
+            return Ok(());
         }
-        _ => *lock(&OVERRIDE) = Some(config),
+    }
+    // Started, or starting (then this waits for it): applied to the running stager. A start
+    // that failed has nothing to apply it to, as before.
+    if let Ok(g) = GLOBAL.get_or_init(start) {
+        g.stager.set_config(config)?;
+        let mut s = lock(&g.setup);
+        s.config = config;
+        s.source = ConfigSource::Override;
     }
     publish_thresholds(&config);
     Ok(())
