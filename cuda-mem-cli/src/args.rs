@@ -125,6 +125,12 @@ pub struct BenchArgs {
         "peers", "multi", "ipc"
     ])]
     pub sections: Option<Vec<String>>,
+    /// The graphs section's tiny kernel from this file (a cubin, fatbin or PTX with an entry
+    /// `bump(unsigned*, int)`, as `nvcc -cubin -arch=sm_90 scripts/diag/bumpk.cu` builds
+    /// graphs.cu's), for cuda-mem's and cudarc's sides, instead of the probes' PTX: the same
+    /// machine code as the C++ reference.
+    #[arg(long, value_name = "PATH")]
+    pub kernel_image: Option<PathBuf>,
 }
 
 /// The options of `compare`.
@@ -294,6 +300,8 @@ mod tests {
             "--fail-on-regression",
             "--noise-threshold",
             "5%",
+            "--kernel-image",
+            "bump.cubin",
         ])
         .unwrap();
         assert_eq!(
@@ -311,6 +319,7 @@ mod tests {
                     fail_on_regression: true
                 },
                 sections: None,
+                kernel_image: Some("bump.cubin".into()),
             })
         );
         let Command::Compare(c) = p(&["compare", "a.json", "b.json"]).unwrap() else {

@@ -67,12 +67,30 @@ fn kernel_name(name: &str) -> Result<CString> {
     })
 }
 
-#[cfg(cudart_library)]
 impl Library {
     /// Loads a PTX image (NUL-terminated text); the driver compiles it for the current device.
     pub fn load_ptx(image: &CStr) -> Result<Self> {
+        Self::load_data(image.to_bytes_with_nul())
+    }
+
+    /// Loads an image from bytes: a cubin, a fatbin, or PTX text (which need not end with a
+    /// NUL: one is appended to a copy). The driver rejects anything else with its own error
+    /// (`cudaErrorInvalidKernelImage` or the like), which is returned as it is.
+    pub fn load_image(image: &[u8]) -> Result<Self> {
+        let mut owned = Vec::with_capacity(image.len() + 1);
+        owned.extend_from_slice(image);
+        owned.push(0);
+        Self::load_data(&owned)
+    }
+}
+
+#[cfg(cudart_library)]
+impl Library {
+    /// `image`: a cubin, a fatbin, or PTX text ending with a NUL.
+    fn load_data(image: &[u8]) -> Result<Self> {
         let mut raw = std::ptr::null_mut();
-        // SAFETY: `image` is a NUL-terminated image; no JIT or library options are passed.
+        // SAFETY: `image` is a whole image (a NUL-terminated text where it is PTX, which the
+        // callers guarantee), read only during the call; no JIT or library options.
         let code = unsafe {
             sys::cudaLibraryLoadData(
                 &mut raw,
@@ -86,7 +104,7 @@ impl Library {
             )
         };
         check(code, || {
-            format!("cudaLibraryLoadData({} bytes)", image.to_bytes().len())
+            format!("cudaLibraryLoadData({} bytes)", image.len())
         })?;
         Ok(Library { raw })
     }
@@ -112,8 +130,8 @@ impl Drop for Library {
 
 #[cfg(not(cudart_library))]
 impl Library {
-    /// Loads a PTX image (NUL-terminated text); the driver compiles it for the current device.
-    pub fn load_ptx(image: &CStr) -> Result<Self> {
+    /// `image`: a cubin, a fatbin, or PTX text ending with a NUL.
+    fn load_data(image: &[u8]) -> Result<Self> {
         Ok(Library {
             raw: driver::Module::load(image)?,
         })
@@ -299,7 +317,8 @@ mod driver {
     }
 
     impl Module {
-        pub fn load(image: &CStr) -> Result<Module> {
+        /// `image`: a cubin, a fatbin, or PTX text ending with a NUL.
+        pub fn load(image: &[u8]) -> Result<Module> {
             // The runtime's primary context of the current device, made current on this
             // thread by the runtime itself (cudaFree(NULL) only initialises it).
             // SAFETY: freeing NULL is a no-op besides context initialisation.
@@ -314,11 +333,10 @@ mod driver {
                 "cuCtxGetCurrent".into()
             })?;
             let mut module = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; `image` is a NUL-terminated PTX text; `ctx` is current.
+            // SAFETY: valid out-pointer; `image` is a whole image (NUL-terminated where it is
+            // PTX, as the caller guarantees), read only during the call; `ctx` is current.
             let code = unsafe { (api.module_load_data)(&mut module, image.as_ptr().cast()) };
-            check(code, || {
-                format!("cuModuleLoadData({} bytes)", image.to_bytes().len())
-            })?;
+            check(code, || format!("cuModuleLoadData({} bytes)", image.len()))?;
             Ok(Module { module, ctx })
         }
 

@@ -25,6 +25,7 @@
 //! lines with graph ÷ eager per side and cuda-mem ÷ raw. The lead sets them beside graphs.cu's
 //! output from the same machine. Every side's data is checked after its rounds.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,7 +34,7 @@ use cuda_mem::{
     copy_async, sys, CaptureMode, Device, DeviceBuffer, DevicePtrMut as _, Error, Graph, GraphExec,
     GraphResources, HostAllocFlags, PinnedBuffer, Result, Stream,
 };
-use cuda_mem_probes::{bump_grid, Probes, BUMP_BLOCK, PROBE_PTX};
+use cuda_mem_probes::{bump_grid, Kernel, Library, Probes, BUMP_BLOCK, PROBE_PTX};
 use cudarc::driver::{
     sys as dsys, CudaFunction, CudaGraph, CudaSlice, CudaStream, HostSlice, LaunchConfig,
     PinnedHostSlice, PushKernelArg as _,
@@ -59,25 +60,65 @@ fn refused(reason: String) -> Error {
     })
 }
 
+/// The tiny kernel: the probes' `cm_bump` (PTX, compiled by the driver), or `bump` from the
+/// image given with `--kernel-image` (the machine code graphs.cu runs).
+#[derive(Clone, Copy)]
+enum Tiny<'a> {
+    Probes(&'a Probes),
+    Image(Kernel<'a>),
+}
+
+impl Tiny<'_> {
+    /// The kernel's name in its image.
+    fn name(self) -> &'static str {
+        match self {
+            Tiny::Probes(_) => "cm_bump",
+            Tiny::Image(_) => "bump",
+        }
+    }
+
+    /// Queues the kernel over the N words at `p`, in graphs.cu's grid.
+    ///
+    /// # Safety
+    /// `p`: N writable words of device memory, alive until the kernel completes.
+    unsafe fn launch(self, p: *mut u32, s: &Stream) -> Result<()> {
+        match self {
+            // SAFETY: as the caller guarantees.
+            Tiny::Probes(probes) => unsafe { probes.bump(p, N as u32, s) },
+            Tiny::Image(k) => {
+                let mut p = p;
+                let mut n = N as i32;
+                let mut args = [
+                    (&mut p as *mut *mut u32).cast(),
+                    (&mut n as *mut i32).cast(),
+                ];
+                // SAFETY: `bump(unsigned*, int)` (the option's documented signature) with
+                // its two arguments; the memory as the caller guarantees.
+                unsafe { k.launch(bump_grid(N as u32), BUMP_BLOCK, 0, s, &mut args) }
+            }
+        }
+    }
+}
+
 /// The tiny kernel on `e`, through a write guard.
-fn bump(probes: &Probes, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
+fn bump(k: Tiny<'_>, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
     let w = e.device_ptr_mut(s)?;
     // SAFETY: the guard's N words of device memory, taken for `s`, alive across the launch,
     // which the guard records when it drops.
-    unsafe { probes.bump(w.as_mut_ptr(), N as u32, s) }
+    unsafe { k.launch(w.as_mut_ptr(), s) }
 }
 
 /// 100 tiny kernels on `e`.
-fn ours_kernels(probes: &Probes, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
+fn ours_kernels(tiny: Tiny<'_>, e: &mut DeviceBuffer<u32>, s: &Stream) -> Result<()> {
     for _ in 0..100 {
-        bump(probes, e, s)?;
+        bump(tiny, e, s)?;
     }
     Ok(())
 }
 
 /// 25 × (copy `h` → `d`, zero `e`, copy `d` → `e`, bump `e`).
 fn ours_mixed(
-    probes: &Probes,
+    tiny: Tiny<'_>,
     h: &PinnedBuffer<u32>,
     d: &mut DeviceBuffer<u32>,
     e: &mut DeviceBuffer<u32>,
@@ -87,7 +128,7 @@ fn ours_mixed(
         copy_async(&mut *d, h, s)?;
         e.memset_async(0, s)?;
         copy_async(&mut *e, &*d, s)?;
-        bump(probes, e, s)?;
+        bump(tiny, e, s)?;
     }
     Ok(())
 }
@@ -102,17 +143,26 @@ struct Cu {
 }
 
 impl Cu {
-    fn new(device: Device, init: &[u32]) -> Result<Cu> {
+    /// `image`: the `--kernel-image` file's bytes, else the probes' PTX is loaded.
+    fn new(device: Device, init: &[u32], image: Option<&[u8]>) -> Result<Cu> {
         let ctx = context(device)?;
         let cs = cu(ctx.new_stream(), "new_stream")?;
-        let src = PROBE_PTX
-            .to_str()
-            .map_err(|e| refused(format!("the probes' PTX is not UTF-8: {e}")))?;
-        let module = cu(
-            ctx.load_module(cudarc::nvrtc::Ptx::from_src(src)),
-            "load_module",
-        )?;
-        let f = cu(module.load_function("cm_bump"), "load_function(cm_bump)")?;
+        let (ptx, name) = match image {
+            // cuModuleLoadData reads a cubin or fatbin as it is, PTX up to its NUL.
+            Some(bytes) => {
+                let mut data = bytes.to_vec();
+                data.push(0);
+                (cudarc::nvrtc::Ptx::from_binary(data), "bump")
+            }
+            None => {
+                let src = PROBE_PTX
+                    .to_str()
+                    .map_err(|e| refused(format!("the probes' PTX is not UTF-8: {e}")))?;
+                (cudarc::nvrtc::Ptx::from_src(src), "cm_bump")
+            }
+        };
+        let module = cu(ctx.load_module(ptx), "load_module")?;
+        let f = cu(module.load_function(name), "load_function")?;
         // SAFETY: plain page-locked memory (flags 0), written below before anything reads it.
         let mut h = cu(
             unsafe { ctx.alloc_pinned_with_flags::<u32>(N, 0) },
@@ -482,15 +532,34 @@ fn report(res: &mut BenchResults, kernels_only: bool, eager: &(Times, Times), g:
     rows(res, test, "graph", &g.ours, &g.cudarc);
 }
 
-/// Both sequences, and a data check per side and sequence.
-pub fn run(res: &mut BenchResults) -> Result<()> {
-    let probes = Probes::load()?;
+/// Both sequences, and a data check per side and sequence. `image`: `--kernel-image`.
+pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
+    let loaded = Probes::load()?;
+    let bytes = match image {
+        Some(p) => Some(std::fs::read(p).map_err(|e| {
+            refused(format!(
+                "--kernel-image {}: cannot be read: {e}",
+                p.display()
+            ))
+        })?),
+        None => None,
+    };
+    let lib = bytes.as_deref().map(Library::load_image).transpose()?;
+    let tiny = match &lib {
+        Some(lib) => Tiny::Image(lib.kernel("bump")?),
+        None => Tiny::Probes(&loaded),
+    };
+    progress(&format!(
+        "graphs: the tiny kernel is {} from {}",
+        tiny.name(),
+        image.map_or("the probes' PTX".to_string(), |p| p.display().to_string())
+    ));
     let s = Stream::non_blocking()?;
     let init: Vec<u32> = (0..N as u32).collect();
     let device = Device::current()?;
     // cudarc's side anew for each sequence: fresh slices, whose events no capture recorded.
     let cudarc_side = |res: &mut BenchResults| {
-        let setup = Cu::new(device, &init);
+        let setup = Cu::new(device, &init, bytes.as_deref());
         super::attempt(res, &["cudarc"], "graphs cudarc setup", setup)
     };
 
@@ -499,9 +568,9 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     let (_, name) = names(true);
     progress(&format!("graphs: {name}"));
     let mut e = DeviceBuffer::<u32>::zeroed(N)?;
-    let ea = eager(true, &s, &mut cudarc, || ours_kernels(&probes, &mut e, &s))?;
+    let ea = eager(true, &s, &mut cudarc, || ours_kernels(tiny, &mut e, &s))?;
     let graph = s.capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
-        ours_kernels(&probes, e, cap.stream())
+        ours_kernels(tiny, e, cap.stream())
     })?;
     let g = graph_rows(res, true, &s, &mut cudarc, graph, &ea)?;
     // Every round bumps each word 100 times: eager rounds, and replays through the crate's
@@ -519,12 +588,12 @@ pub fn run(res: &mut BenchResults) -> Result<()> {
     let mut d = DeviceBuffer::<u32>::zeroed(N)?;
     let mut e = DeviceBuffer::<u32>::zeroed(N)?;
     let ea = eager(false, &s, &mut cudarc, || {
-        ours_mixed(&probes, &h, &mut d, &mut e, &s)
+        ours_mixed(tiny, &h, &mut d, &mut e, &s)
     })?;
     let graph = s.capture(
         CaptureMode::ThreadLocal,
         (&h, &mut d, &mut e),
-        |cap, (h, d, e)| ours_mixed(&probes, h, d, e, cap.stream()),
+        |cap, (h, d, e)| ours_mixed(tiny, h, d, e, cap.stream()),
     )?;
     graph_rows(res, false, &s, &mut cudarc, graph, &ea)?;
     // Each step zeroes `e`, copies the source in and bumps it: element i ends as i + 1.

@@ -445,7 +445,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if on("graphs") {
         bar::stage("graphs", 2);
-        let r = graphs::run(&mut res);
+        let r = graphs::run(&mut res, args.kernel_image.as_deref());
         attempt(&mut res, &["graphs"], "graphs", r)?;
     }
     if on("shmoo") {

@@ -9,7 +9,7 @@ use cuda_mem::{
     copy, copy_async, CaptureMode, DeviceBuffer, HostAllocFlags, ManagedBuffer, MappedBuffer,
     MemPool, Misuse, PinnedBuffer, Stream,
 };
-use cuda_mem::{Attach, HostRegisterFlags, RegisteredVec};
+use cuda_mem::{Attach, DevicePtrMut as _, HostRegisterFlags, RegisteredVec};
 use cuda_mem_probes::{Probes, PROBE_PTX};
 use cuda_mem_tests::gpu_or_skip;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -456,4 +456,35 @@ fn capturing_the_legacy_default_stream_is_refused() {
         }
         _ => panic!("unexpected error: {e}"),
     }
+}
+
+/// `Library::load_image` (the bench's `--kernel-image`): PTX given without its NUL loads and
+/// runs (every word of the buffer bumped once, read back on the host), and bytes that are no
+/// image are refused with the driver's exact error for text that is not PTX.
+#[test]
+fn a_kernel_image_from_bytes_loads_and_runs_and_garbage_is_refused() {
+    let _dev = gpu_or_skip!();
+    let ptx = PROBE_PTX.to_bytes();
+    let lib = cuda_mem_probes::Library::load_image(ptx).unwrap();
+    let k = lib.kernel("cm_bump").unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let mut d = DeviceBuffer::from_slice(&[7u32, 8, 9]).unwrap();
+    {
+        let w = d.device_ptr_mut(&s).unwrap();
+        let mut p = w.as_mut_ptr();
+        let mut n = 3u32;
+        let mut args = [
+            (&mut p as *mut *mut u32).cast(),
+            (&mut n as *mut u32).cast(),
+        ];
+        // SAFETY: `cm_bump(u32*, u32)` over the guard's 3 words, alive across the launch.
+        unsafe { k.launch(1, 256, 0, &s, &mut args) }.unwrap();
+    }
+    assert_eq!(d.to_vec().unwrap(), vec![8, 9, 10]);
+    let e = cuda_mem_probes::Library::load_image(b"not an image").unwrap_err();
+    assert_eq!(
+        e.code().map(|c| c.0),
+        Some(cuda_mem::sys::cudaError::cudaErrorInvalidPtx.0),
+        "{e}"
+    );
 }

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU calls of the third round on issue 22 (one H200), from the repository root over bundle/
+# (scripts/bundle.sh; ../shared/refbench copied to bundle/refbench/). Logs go to $OUT, tarred.
+#
+#   scripts/gpu-round3.sh diag     # where the 100-kernel graph's time goes (scripts/diag/
+#                                  # kdiag.cu: the same kernel from five images), graphs.cu,
+#                                  # `cuda-mem bench --sections graphs`, tests-all
+#   scripts/gpu-round3.sh bench    # graphs.cu and `cuda-mem bench --sections graphs,calls`
+#                                  # interleaved, three times each
+#   scripts/gpu-round3.sh verify   # run.sh (every test), run.sh --memcheck (the whole suite)
+set -u
+out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
+export CUDA_MEM_LOG_DIR="$out/logs" NCCL_NVLS_ENABLE=0
+b=bundle/cuda-13.0; cm="$b/bin/cuda-mem"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+secs() { echo $(( $(date +%s) - $1 )); }
+graphs_cpp() {
+  nvcc -O2 -arch=sm_90 -o /tmp/graphs bundle/refbench/graphs.cu &&
+    timeout 20 bash -c '{ /tmp/graphs; /tmp/graphs k; }' >>"$out/graphs-ref.txt" 2>&1
+  grep -E 'graph:|eager:' "$out/graphs-ref.txt" | tail -4
+}
+graphs_ours() {  # $1: sections, $2: name
+  local t; t=$(date +%s)
+  timeout 150 "$cm" bench --sections "$1" --json "$out/$2.json" >"$out/$2.txt" 2>&1
+  echo "bench $1 rc=$? $(secs "$t") s"
+  grep -E 'graph nodes|cuda-mem: eager|launch / raw|x cudarc|over raw|Verified|failed' "$out/$2.txt" | cut -c1-160 | head -40
+}
+tests_all() {
+  local t; t=$(date +%s)
+  CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 CUDA_MEM_BIN="$PWD/$cm" \
+    timeout 120 "$b/tests/tests-all" --test-threads=1 >"$out/tests-all.txt" 2>&1
+  echo "tests-all rc=$? $(secs "$t") s: $(grep -E '^test result' "$out/tests-all.txt")"
+  grep -E 'FAILED|panicked' "$out/tests-all.txt" | head -10
+}
+case "${1:-diag}" in
+diag)
+  d=scripts/diag
+  nvcc -O2 -arch=sm_90 -o /tmp/kdiag $d/kdiag.cu -lcuda &&
+    nvcc -ptx -arch=compute_70 -o "$out/bump70.ptx" $d/bumpk.cu &&
+    nvcc -cubin -arch=sm_90 -o /tmp/bump90.cubin $d/bumpk.cu &&
+    ptxas -arch=sm_90 -o /tmp/probes90.cubin $d/probes.ptx &&
+    { cuobjdump -sass /tmp/bump90.cubin; cuobjdump -sass /tmp/probes90.cubin; } >"$out/sass.txt" 2>&1
+  timeout 60 /tmp/kdiag $d/probes.ptx "$out/bump70.ptx" /tmp/probes90.cubin /tmp/bump90.cubin \
+    >"$out/kdiag.txt" 2>&1; echo "kdiag rc=$?"; cat "$out/kdiag.txt"
+  graphs_cpp
+  graphs_ours graphs graphs1
+  CUDA_MEM_BUMP_IMAGE=/tmp/bump90.cubin CUDA_MEM_BUMP_NAME=bump graphs_ours graphs graphs-nvcc-image
+  graphs_cpp
+  tests_all
+  ;;
+bench)
+  for i in 1 2 3; do graphs_cpp; graphs_ours graphs,calls "bench$i"; done
+  ;;
+verify)
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_IPC=1 timeout "${SUITE_SECS:-330}" "$b/run.sh" >"$out/suite.txt" 2>&1
+  echo "run.sh rc=$? in $(secs "$t") s"; grep -E 'rc=|passed, .* failed' "$out/suite.txt" | head -40
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_IPC=1 timeout "${MEMCHECK_SECS:-400}" "$b/run.sh" --memcheck >"$out/memcheck.txt" 2>&1
+  echo "run.sh --memcheck rc=$? in $(secs "$t") s"
+  grep -E 'rc=|passed, .* failed|ERROR SUMMARY|LEAK' "$out/memcheck.txt" | head -40
+  ;;
+esac
+cd "$out" && tar czf /tmp/all.tgz . && rm -rf ./* && mv /tmp/all.tgz . && ls
