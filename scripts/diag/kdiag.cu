@@ -1,7 +1,7 @@
 // Where does the 100-tiny-kernel graph's end-to-end time go? graphs.cu's `bump` (nvcc, sm_90
 // SASS) against the same kernel from other images, each captured into its own 100-kernel graph
 // on one non-blocking stream, replayed interleaved (as `cuda-mem bench` does) and then alone
-// (as graphs.cu does). Usage: kdiag probes.ptx bump70.ptx probes90.cubin bump90.cubin
+// (as graphs.cu does). Usage: kdiag probes.ptx bump75.ptx probes90.cubin bump90.cubin
 #include <cstdio>
 #include <vector>
 #include <string>
@@ -28,7 +28,7 @@ static int launch(V& v, cudaStream_t s, unsigned* p, int n) {
 }
 static double med(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
 int main(int argc, char** argv) {
-  if (argc < 5) { printf("usage: kdiag probes.ptx bump70.ptx probes90.cubin bump90.cubin\n"); return 2; }
+  if (argc < 5) { printf("usage: kdiag probes.ptx bump75.ptx probes90.cubin bump90.cubin\n"); return 2; }
   const int n = 1024, rounds = 200, warm = 20;
   CK(cudaFree(0));
   unsigned* e; CK(cudaMalloc(&e, n * 4)); CK(cudaMemset(e, 0, n * 4));
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   std::vector<V> vs;
   vs.push_back({"nvcc sm_90 (graphs.cu)", 0, nullptr, nullptr, nullptr});
   std::string imgs[4] = { slurp(argv[1]), slurp(argv[2]), slurp(argv[3]), slurp(argv[4]) };
-  const char* names[4] = { "probes PTX, cuModuleLoadData", "nvcc compute_70 PTX, cuModuleLoadData", "probes PTX ptxas sm_90 cubin", "nvcc sm_90 cubin" };
+  const char* names[4] = { "probes PTX, cuModuleLoadData", "nvcc compute_75 PTX, cuModuleLoadData", "probes PTX ptxas sm_90 cubin", "nvcc sm_90 cubin" };
   const char* fn[4] = { "cm_bump", "bump", "cm_bump", "bump" };
   for (int i = 0; i < 4; i++) {
     CUmodule m; DK(cuModuleLoadData(&m, imgs[i].c_str()));
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 2; i++) {
     cudaLibrary_t lib; CK(cudaLibraryLoadData(&lib, imgs[i].c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
     cudaKernel_t k; CK(cudaLibraryGetKernel(&k, lib, fn[i]));
-    vs.push_back({std::string(i ? "nvcc compute_70 PTX" : "probes PTX") + ", cudaLibraryLoadData (cuda-mem's path)", 2, nullptr, k, nullptr});
+    vs.push_back({std::string(i ? "nvcc compute_75 PTX" : "probes PTX") + ", cudaLibraryLoadData (cuda-mem's path)", 2, nullptr, k, nullptr});
   }
   for (auto& v : vs) {
     int regs = -1, bin = -1;
