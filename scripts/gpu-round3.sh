@@ -19,11 +19,11 @@ graphs_cpp() {
     timeout 20 bash -c '{ /tmp/graphs; /tmp/graphs k; }' >>"$out/graphs-ref.txt" 2>&1
   grep -E 'graph:|eager:' "$out/graphs-ref.txt" | tail -4
 }
-graphs_ours() {  # $1: sections, $2: name
-  local t; t=$(date +%s)
-  timeout 150 "$cm" bench --sections "$1" --json "$out/$2.json" >"$out/$2.txt" 2>&1
-  echo "bench $1 rc=$? $(secs "$t") s"
-  grep -E 'graph nodes|cuda-mem: eager|launch / raw|x cudarc|over raw|Verified|failed' "$out/$2.txt" | cut -c1-160 | head -40
+graphs_ours() {  # $1: sections, $2: name, then more bench options
+  local t s=$1 n=$2; shift 2; t=$(date +%s)
+  timeout 150 "$cm" bench --sections "$s" --json "$out/$n.json" "$@" >"$out/$n.txt" 2>&1
+  echo "bench $s $* rc=$? $(secs "$t") s"
+  grep -E 'tiny kernel|graph nodes|cuda-mem: eager|cudarc: eager|launch / raw|x cudarc|over raw|Verified|failed' "$out/$n.txt" | cut -c1-170 | head -40
 }
 tests_all() {
   local t; t=$(date +%s)
@@ -36,17 +36,32 @@ case "${1:-diag}" in
 diag)
   d=scripts/diag
   nvcc -O2 -arch=sm_90 -o /tmp/kdiag $d/kdiag.cu -lcuda &&
-    nvcc -ptx -arch=compute_70 -o "$out/bump70.ptx" $d/bumpk.cu &&
+    nvcc -ptx -arch=compute_75 -o "$out/bump75.ptx" $d/bumpk.cu &&
     nvcc -cubin -arch=sm_90 -o /tmp/bump90.cubin $d/bumpk.cu &&
     ptxas -arch=sm_90 -o /tmp/probes90.cubin $d/probes.ptx &&
     { cuobjdump -sass /tmp/bump90.cubin; cuobjdump -sass /tmp/probes90.cubin; } >"$out/sass.txt" 2>&1
-  timeout 60 /tmp/kdiag $d/probes.ptx "$out/bump70.ptx" /tmp/probes90.cubin /tmp/bump90.cubin \
+  timeout 60 /tmp/kdiag $d/probes.ptx "$out/bump75.ptx" /tmp/probes90.cubin /tmp/bump90.cubin \
     >"$out/kdiag.txt" 2>&1; echo "kdiag rc=$?"; cat "$out/kdiag.txt"
   graphs_cpp
   graphs_ours graphs graphs1
-  CUDA_MEM_BUMP_IMAGE=/tmp/bump90.cubin CUDA_MEM_BUMP_NAME=bump graphs_ours graphs graphs-nvcc-image
+  graphs_ours graphs graphs-nvcc-image --kernel-image /tmp/bump90.cubin
   graphs_cpp
-  tests_all
+  [ -n "${NO_TESTS:-}" ] || tests_all
+  ;;
+placed)
+  nvcc -O2 -arch=sm_90 -o /tmp/placed scripts/diag/placed.cu && timeout 60 /tmp/placed 8 >"$out/placed.txt" 2>&1
+  echo "placed rc=$?"; cat "$out/placed.txt"
+  graphs_cpp
+  graphs_ours graphs graphs-placed
+  nvcc -cubin -arch=sm_90 -o /tmp/bump90.cubin scripts/diag/bumpk.cu &&
+    graphs_ours graphs graphs-placed-nvcc --kernel-image /tmp/bump90.cubin
+  graphs_cpp
+  ;;
+diag2)
+  mkdir -p "$out/dot"
+  timeout 120 "$b/bin/graphs_diag" "$out/dot" >"$out/graphs-diag.txt" 2>&1; echo "graphs_diag rc=$?"
+  cat "$out/graphs-diag.txt"
+  graphs_cpp
   ;;
 bench)
   for i in 1 2 3; do graphs_cpp; graphs_ours graphs,calls "bench$i"; done

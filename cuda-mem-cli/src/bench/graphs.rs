@@ -19,6 +19,10 @@
 //! - raw: the cuda-mem executable graph launched by `cudaGraphLaunch` itself, without the
 //!   crate's bookkeeping (graph rows only): the floor the crate's launch is measured against.
 //!
+//! The kernels-only graphs are replayed over [`PLACEMENTS`] buffers, every side on the same
+//! memory (cudarc's graphs on untracked views of cuda-mem's buffers): that sequence's
+//! end-to-end time depends on where its buffer lies, by up to a quarter on the H200.
+//!
 //! Host time (the enqueue) and end-to-end time (enqueue and completion, a stream synchronize),
 //! medians of 200 rounds after 20 warm-up rounds, as graphs.cu measures them; rows in the
 //! `peers` table (reference: cudarc; `× cudarc` is cudarc's time over ours), and progress
@@ -31,8 +35,8 @@ use std::time::Instant;
 
 use cuda_mem::interop::cudarc::context;
 use cuda_mem::{
-    copy_async, sys, CaptureMode, Device, DeviceBuffer, DevicePtrMut as _, Error, Graph, GraphExec,
-    GraphResources, HostAllocFlags, PinnedBuffer, Result, Stream,
+    copy_async, sys, CaptureMode, Device, DeviceBuffer, DevicePtrMut as _, Error, Event, Graph,
+    GraphExec, GraphResources, HostAllocFlags, PinnedBuffer, Result, Stream,
 };
 use cuda_mem_probes::{bump_grid, Kernel, Library, Probes, BUMP_BLOCK, PROBE_PTX};
 use cudarc::driver::{
@@ -51,6 +55,11 @@ const ROUNDS: usize = 200;
 const WARMUP: usize = 20;
 /// Rounds each side runs, warm-up included.
 const ALL: usize = ROUNDS + WARMUP;
+/// Buffers the kernels-only graphs are replayed over, round `r` on buffer `r % PLACEMENTS`
+/// (every side on the same memory): a chain of tiny kernels takes from 89 to 115 us end to end
+/// on the H200 depending on where its 4 KiB lie (scripts/diag/placed.cu), so one buffer would
+/// compare placements, not launches.
+const PLACEMENTS: usize = 8;
 
 /// The bench's own refusal, for a failed setup step or a missing graph.
 fn refused(reason: String) -> Error {
@@ -234,9 +243,16 @@ impl Cu {
         Ok(())
     }
 
-    /// The sequence captured on cudarc's stream, instantiated (the capture always ended).
-    fn capture(&mut self, kernels_only: bool) -> Result<CudaGraph> {
+    /// The sequence captured on cudarc's stream, instantiated (the capture always ended); the
+    /// kernels on `target` where one is given (a view of cuda-mem's buffer), else on its own
+    /// slice.
+    fn capture(
+        &mut self,
+        kernels_only: bool,
+        target: Option<&mut CudaSlice<u32>>,
+    ) -> Result<CudaGraph> {
         let Cu { cs, f, h, d, e } = self;
+        let e = target.unwrap_or(e);
         // (Waits for the pinned slice's event on the host, before the capture begins.)
         let view: &[u32] = cu(h.as_slice(), "PinnedHostSlice::as_slice")?;
         cu(
@@ -417,31 +433,49 @@ struct Replays {
     raw: Times,
 }
 
-/// Replays of `exec` (captured by the caller) through its launch and raw, and of cudarc's
-/// capture of the same sequence, in rotating order. A cudarc capture that fails is reported
-/// (its rows left out), not fatal.
+/// Replays of the executable graphs `execs` (captured by the caller, one per placement of the
+/// buffers) through their launch and raw, and of cudarc's captures of the same sequence (one
+/// per view in `views`, on the same memory, or one on its own slices where `views` is empty),
+/// in rotating order; round `r` replays the graphs of placement `r % execs.len()` on every
+/// side. A cudarc capture that fails is reported (its rows left out), not fatal. Also returns
+/// the replays per placement, all sides together (for the data check).
 fn replays<R: GraphResources>(
     res: &mut BenchResults,
     kernels_only: bool,
     s: &Stream,
     cudarc: &mut Option<Cu>,
-    exec: &GraphExec<R>,
-) -> Result<Replays> {
-    exec.upload(s)?;
+    execs: &[GraphExec<R>],
+    views: &mut [CudaSlice<u32>],
+) -> Result<(Replays, Vec<usize>)> {
+    for exec in execs {
+        exec.upload(s)?;
+    }
     s.synchronize()?;
-    let graph = match cudarc.as_mut().map(|c| c.capture(kernels_only)) {
-        None => None,
-        Some(Ok(g)) => {
+    let captured: Option<Result<Vec<CudaGraph>>> = cudarc.as_mut().map(|c| {
+        if views.is_empty() {
+            Ok(vec![c.capture(kernels_only, None)?])
+        } else {
+            views
+                .iter_mut()
+                .map(|v| c.capture(kernels_only, Some(v)))
+                .collect()
+        }
+    });
+    let graphs = match captured {
+        None => Vec::new(),
+        Some(Ok(gs)) => {
             progress(&format!(
                 "  graph nodes, cudarc: {}",
-                node_kinds(g.cu_graph() as sys::cudaGraph_t)
+                node_kinds(gs[0].cu_graph() as sys::cudaGraph_t)
             ));
-            cu(g.upload(), "CudaGraph::upload")?;
-            Some(g)
+            for g in &gs {
+                cu(g.upload(), "CudaGraph::upload")?;
+            }
+            gs
         }
         Some(Err(e)) => {
             super::attempt(res, &["cudarc"], "graphs cudarc capture", Err::<(), _>(e))?;
-            None
+            Vec::new()
         }
     };
     let mut t = Replays {
@@ -449,7 +483,10 @@ fn replays<R: GraphResources>(
         cudarc: Times::default(),
         raw: Times::default(),
     };
+    let mut launched = vec![0usize; execs.len()];
     for r in 0..ALL {
+        let k = r % execs.len();
+        let exec = &execs[k];
         for side in 0..3 {
             match (r + side) % 3 {
                 0 => t.ours.sample(r, || exec.launch(s), || s.synchronize())?,
@@ -465,40 +502,56 @@ fn replays<R: GraphResources>(
                     || s.synchronize(),
                 )?,
                 _ => {
-                    if let (Some(g), Some(c)) = (&graph, cudarc.as_ref()) {
-                        t.cudarc.sample(
-                            r,
-                            || cu(g.launch(), "CudaGraph::launch"),
-                            || cu(c.cs.synchronize(), "synchronize"),
-                        )?;
+                    let Some(c) = cudarc.as_ref() else { continue };
+                    let Some(g) = graphs.get(r % graphs.len().max(1)) else {
+                        continue;
+                    };
+                    t.cudarc.sample(
+                        r,
+                        || cu(g.launch(), "CudaGraph::launch"),
+                        || cu(c.cs.synchronize(), "synchronize"),
+                    )?;
+                    if !views.is_empty() {
+                        launched[k] += 1;
                     }
+                    continue;
                 }
             }
+            launched[k] += 1;
         }
     }
-    Ok(t)
+    Ok((t, launched))
 }
 
-/// The progress lines and rows of one sequence.
-/// A sequence's graph rows: its nodes, then its replays (ours, raw, cudarc's) beside the
-/// eager rounds `eager`; the graph's resources handed back.
+/// A sequence's graph rows: its nodes, then the replays (ours, raw, cudarc's) of `graphs` (one
+/// per placement; cudarc's on `views` of the same memory where given) beside the eager rounds
+/// `eager`; the graphs' resources handed back. Returns the replays and the replays per
+/// placement.
 fn graph_rows<R: GraphResources>(
     res: &mut BenchResults,
     kernels_only: bool,
     s: &Stream,
     cudarc: &mut Option<Cu>,
-    graph: Graph<R>,
+    graphs: Vec<Graph<R>>,
+    views: &mut [CudaSlice<u32>],
     eager: &(Times, Times),
-) -> Result<Replays> {
-    progress(&format!(
-        "  graph nodes, cuda-mem: {}",
-        node_kinds(graph.as_raw())
-    ));
-    let exec = graph.instantiate()?;
-    let g = replays(res, kernels_only, s, cudarc, &exec)?;
-    exec.into_resources()?;
-    report(res, kernels_only, eager, &g);
-    Ok(g)
+) -> Result<(Replays, Vec<usize>)> {
+    if let Some(g) = graphs.first() {
+        progress(&format!(
+            "  graph nodes, cuda-mem: {}",
+            node_kinds(g.as_raw())
+        ));
+    }
+    let execs = graphs
+        .into_iter()
+        .map(Graph::instantiate)
+        .collect::<Result<Vec<_>>>()?;
+    let out = replays(res, kernels_only, s, cudarc, &execs, views)?;
+    for exec in execs {
+        exec.into_resources()?;
+    }
+    report(res, kernels_only, eager, &out.0);
+    Ok(out)
 }
 
 fn report(res: &mut BenchResults, kernels_only: bool, eager: &(Times, Times), g: &Replays) {
@@ -563,21 +616,38 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
         super::attempt(res, &["cudarc"], "graphs cudarc setup", setup)
     };
 
-    // 100 tiny kernels. The graph keeps the one buffer it writes.
+    raw_reference(tiny, "at the section's start")?;
+    // 100 tiny kernels, replayed over PLACEMENTS buffers (each graph keeps the one it writes),
+    // cudarc's graphs on views of the same buffers.
     let mut cudarc = cudarc_side(res)?;
     let (_, name) = names(true);
     progress(&format!("graphs: {name}"));
-    let mut e = DeviceBuffer::<u32>::zeroed(N)?;
-    let ea = eager(true, &s, &mut cudarc, || ours_kernels(tiny, &mut e, &s))?;
-    let graph = s.capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
-        ours_kernels(tiny, e, cap.stream())
-    })?;
-    let g = graph_rows(res, true, &s, &mut cudarc, graph, &ea)?;
-    // Every round bumps each word 100 times: eager rounds, and replays through the crate's
-    // launch and the raw one (cudarc: eager rounds and its replays, where it captured).
-    let ran = if g.cudarc.host.is_empty() { 1 } else { 2 };
-    let (ours, theirs) = ((100 * ALL * 3) as u32, (100 * ALL * ran) as u32);
-    check_sides(res, name, &e, cudarc.as_ref(), |_| ours, |_| theirs)?;
+    let mut es = (0..PLACEMENTS)
+        .map(|_| DeviceBuffer::<u32>::zeroed(N))
+        .collect::<Result<Vec<_>>>()?;
+    raw_reference(tiny, "after cudarc's setup")?;
+    let ea = eager(true, &s, &mut cudarc, || ours_kernels(tiny, &mut es[0], &s))?;
+    raw_reference(tiny, "after the eager rounds")?;
+    let mut views = Views::of(cudarc.as_ref(), &es);
+    let graphs = es
+        .iter_mut()
+        .map(|e| {
+            s.capture(CaptureMode::ThreadLocal, e, |cap, e| {
+                ours_kernels(tiny, e, cap.stream())
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (_, launched) = graph_rows(res, true, &s, &mut cudarc, graphs, &mut views.0, &ea)?;
+    drop(views);
+    raw_reference(tiny, "after the replays")?;
+    // Each replay (every side's) and each eager round of ours (on the first buffer) bumps
+    // each word 100 times; cudarc's own slice had its eager rounds only.
+    for (k, e) in es.iter().enumerate() {
+        let runs = launched[k] + if k == 0 { ALL } else { 0 };
+        let want = (100 * runs) as u32;
+        check_ours(res, &format!("{name}, buffer {k}"), e, |_| want)?;
+    }
+    check_cudarc(res, name, cudarc.as_ref(), |_| (100 * ALL) as u32)?;
 
     // The mixed sequence: `h` read, `d` and `e` written.
     drop(cudarc);
@@ -595,32 +665,161 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
         (&h, &mut d, &mut e),
         |cap, (h, d, e)| ours_mixed(tiny, h, d, e, cap.stream()),
     )?;
-    graph_rows(res, false, &s, &mut cudarc, graph, &ea)?;
+    graph_rows(res, false, &s, &mut cudarc, vec![graph], &mut [], &ea)?;
     // Each step zeroes `e`, copies the source in and bumps it: element i ends as i + 1.
     let want = |i: usize| i as u32 + 1;
-    check_sides(res, name, &e, cudarc.as_ref(), want, want)
+    check_ours(res, name, &e, want)?;
+    check_cudarc(res, name, cudarc.as_ref(), want)
 }
 
-/// The data check of a sequence on both sides: ours in `e`, cudarc's in its `e` (where its
-/// side ran), element `i` expected as `ours(i)` and `theirs(i)`.
-fn check_sides(
+/// The kernels-only graph made of raw runtime calls only (a `cudaMalloc` buffer, a capture
+/// with `cudaStreamBeginCapture` on a plain stream), replayed alone: in-process, what graphs.cu
+/// measures. Progress line only, labelled `when`.
+fn raw_reference(tiny: Tiny<'_>, when: &str) -> Result<()> {
+    let s = Stream::non_blocking()?;
+    let rs = s.as_raw();
+    let mut e: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; N words.
+    cuda_mem::check(unsafe { sys::cudaMalloc(&mut e, N * 4) }, || {
+        "cudaMalloc".into()
+    })?;
+    let run = || -> Result<(f64, f64, f64)> {
+        // SAFETY: the N words just allocated.
+        cuda_mem::check(unsafe { sys::cudaMemset(e, 0, N * 4) }, || {
+            "cudaMemset".into()
+        })?;
+        // SAFETY: the legacy stream, to order the memset before the capture's stream.
+        cuda_mem::check(unsafe { sys::cudaDeviceSynchronize() }, || "sync".into())?;
+        let mode = sys::cudaStreamCaptureMode::cudaStreamCaptureModeThreadLocal;
+        // SAFETY: a live stream of this function's own.
+        cuda_mem::check(unsafe { sys::cudaStreamBeginCapture(rs, mode) }, || {
+            "cudaStreamBeginCapture".into()
+        })?;
+        let mut queued = Ok(());
+        for _ in 0..100 {
+            // SAFETY: the N words allocated above, alive until freed below after the replays.
+            queued = queued.and_then(|()| unsafe { tiny.launch(e.cast(), &s) });
+        }
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the capture begun above; a valid out-pointer.
+        let ended = unsafe { sys::cudaStreamEndCapture(rs, &mut graph) };
+        queued?;
+        cuda_mem::check(ended, || "cudaStreamEndCapture".into())?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: a live graph; a valid out-pointer.
+        let made = unsafe { sys::cudaGraphInstantiate(&mut exec, graph, 0) };
+        // SAFETY: the graph, no longer needed once instantiated (or not).
+        unsafe { sys::cudaGraphDestroy(graph) };
+        cuda_mem::check(made, || "cudaGraphInstantiate".into())?;
+        let mut t = Times::default();
+        let mut gpu = Vec::new();
+        let (a, b) = (Event::timing()?, Event::timing()?);
+        let timed = (|| {
+            for r in 0..ALL {
+                t.sample(
+                    r,
+                    || {
+                        a.record(&s)?;
+                        // SAFETY: live handles; each replay is waited for before the next.
+                        let code = unsafe { sys::cudaGraphLaunch(exec, rs) };
+                        cuda_mem::check(code, || "cudaGraphLaunch".into())?;
+                        b.record(&s)
+                    },
+                    || s.synchronize(),
+                )?;
+                if r >= WARMUP {
+                    gpu.push(f64::from(Event::elapsed_ms(&a, &b)?) * 1e3);
+                }
+            }
+            Ok(())
+        })();
+        let _ = s.synchronize();
+        // SAFETY: its launches were waited for above; never used again.
+        unsafe { sys::cudaGraphExecDestroy(exec) };
+        timed.map(|()| {
+            let (h, e) = t.medians_us();
+            (h, e, median(&gpu))
+        })
+    };
+    let out = run();
+    let _ = s.synchronize();
+    // SAFETY: allocated above; every use of it was waited for.
+    unsafe { sys::cudaFree(e) };
+    let (h, t, g) = out?;
+    progress(&format!(
+        "  raw calls only (cudaMalloc buffer, raw capture, replayed alone), {when}: host {h:.2} \
+         / end {t:.1} us (GPU, between events: {g:.1} us)"
+    ));
+    Ok(())
+}
+
+/// cudarc slices over the memory of cuda-mem buffers, untracked (no events), so that cudarc's
+/// graphs replay on the very memory ours do: the end-to-end time of a chain of tiny kernels
+/// depends on where their buffer lies (scripts/diag/placed.cu). cudarc never frees them: they
+/// are leaked (`CudaSlice::leak`, which with tracking off touches nothing) on drop, before the
+/// buffers are.
+struct Views(Vec<CudaSlice<u32>>);
+
+impl Views {
+    /// Views of `es` on cudarc's stream (none without cudarc's side).
+    fn of(c: Option<&Cu>, es: &[DeviceBuffer<u32>]) -> Views {
+        let Some(c) = c else {
+            return Views(Vec::new());
+        };
+        let ctx = c.cs.context();
+        // SAFETY: cudarc's condition for untracked slices: their only stream is `c.cs`, whose
+        // work is synchronized after every sample, before any other use of the memory.
+        unsafe { ctx.disable_event_tracking() };
+        let views = es
+            .iter()
+            .map(|e| {
+                // SAFETY: `e` is N words of live device memory of this context, which outlive
+                // the view (leaked on drop, before the buffers go); nothing else uses the
+                // memory while cudarc's work on it is pending (each sample is synchronized).
+                unsafe { c.cs.upgrade_device_ptr::<u32>(e.as_ptr() as u64, N) }
+            })
+            .collect();
+        // SAFETY: as above; slices made from here on are tracked again.
+        unsafe { ctx.enable_event_tracking() };
+        Views(views)
+    }
+}
+
+impl Drop for Views {
+    fn drop(&mut self) {
+        for v in self.0.drain(..) {
+            v.leak();
+        }
+    }
+}
+
+/// The data check of ours in `e`, element `i` expected as `want(i)`.
+fn check_ours(
     res: &mut BenchResults,
     name: &str,
     e: &DeviceBuffer<u32>,
-    cudarc: Option<&Cu>,
-    ours: impl Fn(usize) -> u32,
-    theirs: impl Fn(usize) -> u32,
+    want: impl Fn(usize) -> u32,
 ) -> Result<()> {
-    let wrong = first_wrong(&e.to_vec()?, ours);
+    let wrong = first_wrong(&e.to_vec()?, want);
     check(
         res,
         format!("graphs: cuda-mem, {name}"),
         wrong.is_none(),
         || wrong.unwrap_or_default(),
     );
+    Ok(())
+}
+
+/// The data check of cudarc's side in its own `e` (where its side ran).
+fn check_cudarc(
+    res: &mut BenchResults,
+    name: &str,
+    cudarc: Option<&Cu>,
+    want: impl Fn(usize) -> u32,
+) -> Result<()> {
     if let Some(c) = cudarc {
         let got = cu(c.cs.clone_dtoh(&c.e), "clone_dtoh")?;
-        let wrong = first_wrong(&got, theirs);
+        let wrong = first_wrong(&got, want);
         check(
             res,
             format!("graphs: cudarc, {name}"),
