@@ -88,7 +88,7 @@ pub use kinds::pinned::{PinnedBuffer, PinnedMemory};
 pub use kinds::registered::{HostRegisterFlags, RegisteredSlice, RegisteredVec};
 pub use ops::access::{DevicePtr, DevicePtrMut, DeviceRead, DeviceWrite};
 pub use ops::copy::{copy_async, copy_range_async, memset_async};
-pub use ops::graph::{Capture, CaptureMode, Graph, GraphExec, GraphResources};
+pub use ops::graph::{Capture, CaptureMode, Graph, GraphExec, GraphResources, Launcher};
 pub use ops::scope::{scope, Borrowed, BorrowedMut, Scope};
 pub use ops::view::{Slice, View, ViewMut};
 pub use transfer::peer::{

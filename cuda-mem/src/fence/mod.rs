@@ -579,6 +579,46 @@ impl Drop for Use<'_> {
     }
 }
 
+/// Work marked in flight on a fence's tracker without the capture handshake
+/// ([`Fence::hold_plain`]): ended (the tracker's count lowered) when it drops. Leaked with
+/// `mem::forget`, the count stays raised, as for a leaked [`Use`]: waits record anew (never
+/// block on it) until the memory's owner next borrows it exclusively.
+pub(crate) struct Hold<'a> {
+    fence: &'a Fence,
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.fence.core.end();
+    }
+}
+
+impl Fence {
+    /// Marks work that the caller queues on `stream`, accessing `bytes` as `access`, in flight
+    /// until the [`Hold`] drops, for a caller that queues such work again and again there
+    /// while it keeps the memory borrowed (exclusively, or shared for reads only), each time
+    /// under a handshake ([`InOp`]) that found no capture open: `GraphExec::launcher`. The
+    /// marks made now stand for all that work (stream order puts it after them, and a wait
+    /// records only once the hold has ended, or records anew while it lives).
+    ///
+    /// `_op`: the caller's handshake, entered for `stream`, which read no capture open (the
+    /// tracker's plain path is the one `begin_checked` takes then). `None`, marking nothing,
+    /// where the buffer is bound to a capture: the caller takes the checked path.
+    pub(crate) fn hold_plain<'a>(
+        &'a self,
+        _op: &InOp,
+        stream: &Stream,
+        bytes: (usize, usize),
+        access: Access,
+    ) -> Result<Option<Hold<'a>>> {
+        if self.capture.load(Ordering::Relaxed) != 0 {
+            return Ok(None);
+        }
+        self.core.begin(stream.inner(), bytes, access)?;
+        Ok(Some(Hold { fence: self }))
+    }
+}
+
 /// The stream [`Fence::order_origin_mut`] hands back, with the work about to be queued there
 /// in flight for capture begins.
 pub(crate) struct OnOrigin<'a> {

@@ -27,7 +27,7 @@ use crate::contract::memory::sealed::Async;
 use crate::error::invalid_argument;
 use crate::error::{check, Result};
 use crate::fence::capture::{self, Relaxed};
-use crate::fence::{Access, Fence, Use};
+use crate::fence::{Access, Fence, Hold, Use};
 use crate::handles::devices::Device;
 use crate::handles::event::Event;
 use crate::handles::stream::{Stream, StreamInner};
@@ -311,6 +311,64 @@ impl Launches {
     fn host_wait_mut(&mut self) -> Result<()> {
         self.marked_on.get_mut().take();
         self.fence.host_wait_mut(Access::Write)
+    }
+}
+
+/// Launches of a [`GraphExec`] on one stream, made by [`GraphExec::launcher`]: the
+/// bookkeeping of a launch done once for all of them. Not `Send` (its stream's checks were made
+/// on this thread).
+pub struct Launcher<'e, R: GraphResources> {
+    exec: &'e GraphExec<R>,
+    stream: &'e Stream,
+    /// The marks standing for every launch (the graph's own fence, then each buffer's); empty
+    /// where `fast` is false.
+    _holds: Vec<Hold<'e>>,
+    /// Whether launches may take the short path (see `GraphExec::launcher`).
+    fast: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<R: GraphResources> std::fmt::Debug for Launcher<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Launcher({:?} on {:?})", self.exec, self.stream)
+    }
+}
+
+impl<R: GraphResources> Launcher<'_, R> {
+    /// Launches the graph on the launcher's stream (`cudaGraphLaunch`). Returns at once.
+    ///
+    /// The host cost beyond `cudaGraphLaunch`, with no capture open: the handshake with
+    /// capture begins (a store to this thread's slot and a load of the open-capture count),
+    /// and nothing else. Otherwise [`GraphExec::launch`], with all its checks.
+    pub fn launch(&mut self) -> Result<()> {
+        let inner = self.stream.inner();
+        if !self.fast || inner.is_lent() {
+            return self.exec.launch(self.stream);
+        }
+        let _g = inner.enter()?;
+        let (op, open) = capture::InOp::enter(inner);
+        if open {
+            // A capture may take this launch: the checked path decides (after this handshake
+            // ends; nothing was queued under it).
+            drop(op);
+            return self.exec.launch(self.stream);
+        }
+        // SAFETY: a live executable graph and stream. Its nodes use only the resources, which
+        // the graph keeps borrowed and the launcher borrows exclusively; their fences hold
+        // marks on this stream made after ordering it behind their pending work, in flight
+        // until the launcher drops, so nothing frees, touches or waits past this launch. No
+        // capture is open, and none can begin on this stream before the handshake ends.
+        let code = unsafe { sys::cudaGraphLaunch(self.exec.exec, inner.raw()) };
+        drop(op);
+        check(code, || {
+            format!("cudaGraphLaunch({:p}, {:?})", self.exec.exec, self.stream)
+        })
+    }
+
+    /// Whether launches take the short path (no capture was open when it was made, on a
+    /// stream of the crate's own that is not a legacy default stream).
+    pub fn is_fast(&self) -> bool {
+        self.fast
     }
 }
 
@@ -639,6 +697,67 @@ impl<R: GraphResources> GraphExec<R> {
             check(code, || {
                 format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
             })
+        })
+    }
+
+    /// A [`Launcher`] of this graph on `stream`, for a replay loop: the marks that each
+    /// [`launch`](Self::launch) makes on the buffers' fences and on the graph's own are made
+    /// once, now, and end when the launcher drops; each [`Launcher::launch`] then checks that
+    /// no stream capture is open and calls `cudaGraphLaunch`, nothing else.
+    ///
+    /// It borrows the executable graph exclusively: nothing can reach its buffers through it
+    /// (host access, [`resources_mut`](Self::resources_mut), other work) while the launcher
+    /// lives, and the buffers it keeps `&mut` nothing else can reach at all, so the marks made
+    /// now stand for every launch through it. (Buffers kept `&` are only read by the graph;
+    /// others may read them meanwhile.) Host access after it has dropped waits for all its
+    /// launches.
+    ///
+    /// Forgetting it (`mem::forget`) is safe: the marks then stay in flight, as a leaked guard's
+    /// do, so waits for the buffers record anew each time (they never block on it) until the
+    /// buffers' owners next borrow them exclusively.
+    ///
+    /// On a legacy default stream, a stream lent to another library, or while a capture is
+    /// open (at its making or at a launch), or a buffer is bound to one, its launches take
+    /// [`launch`](Self::launch)'s path, with all its checks.
+    pub fn launcher<'e>(&'e mut self, stream: &'e Stream) -> Result<Launcher<'e, R>> {
+        let this: &'e GraphExec<R> = self;
+        this.check_resources("GraphExec::launcher")?;
+        let _g = stream.inner().enter()?;
+        Fence::check_queue(stream)?;
+        let inner = stream.inner();
+        let (op, open) = capture::InOp::enter(inner);
+        let mut holds = Vec::new();
+        let mut fast = !open && !capture::is_legacy(inner) && !inner.is_lent();
+        if fast {
+            // Marks made through a hold are recorded like any other; the launches' own fast
+            // path must not count on an earlier unrecorded mark.
+            this.launches.marked_on.borrow_mut().take();
+            let mut failed = Ok(());
+            let mut hold = |fence: &'e Fence, range, access| {
+                if fast && failed.is_ok() {
+                    match fence.hold_plain(&op, stream, range, access) {
+                        Ok(Some(h)) => holds.push(h),
+                        Ok(None) => fast = false,
+                        Err(e) => failed = Err(e),
+                    }
+                }
+            };
+            hold(&this.launches.fence, (0, 1), Access::Write);
+            this.res
+                .visit(&mut |fence, range, access, _| hold(fence, range, access));
+            // On error the holds made so far end (marks without work only add waiting).
+            failed?;
+            if !fast {
+                holds.clear();
+            }
+        }
+        drop(op);
+        Ok(Launcher {
+            exec: this,
+            stream,
+            _holds: holds,
+            fast,
+            _not_send: PhantomData,
         })
     }
 

@@ -488,3 +488,95 @@ fn a_kernel_image_from_bytes_loads_and_runs_and_garbage_is_refused() {
         "{e}"
     );
 }
+
+/// A launcher replays the graph with its bookkeeping made once: a spin then a copy in, a device
+/// copy and a copy out, launched three times; a host read after the launcher drops waits for
+/// the last replay (the spin keeps it pending) and sees the data; a launcher on a second stream
+/// is ordered after the first's launches; one forgotten with `mem::forget` leaves the buffers
+/// waitable (the host read waits, `into_resources` gives them back).
+#[test]
+fn a_launcher_replays_and_host_access_after_it_waits_even_when_it_was_forgotten() {
+    let _dev = gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let l = Stream::non_blocking().unwrap();
+    let data = pattern(N, 9);
+    let h = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
+    let mut d = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    let mut out = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
+    let mut exec = s
+        .capture(
+            CaptureMode::ThreadLocal,
+            (&h, &mut d, &mut out),
+            |cap, (h, d, out)| {
+                probes.spin(SPIN, cap.stream())?;
+                copy_async(&mut **d, &**h, cap.stream())?;
+                copy_async(&mut **out, &**d, cap.stream())
+            },
+        )
+        .unwrap()
+        .instantiate()
+        .unwrap();
+    {
+        let mut run = exec.launcher(&l).unwrap();
+        assert!(run.is_fast(), "no capture is open: the short path");
+        for _ in 0..3 {
+            run.launch().unwrap();
+        }
+    }
+    cuda_mem_tests::still_pending(!l.is_idle().unwrap(), "the replays ended before the read");
+    assert!(exec.resources().2.as_slice().unwrap() == data, "host read after the launcher");
+    // Refilled (waits), then replayed from another stream: ordered after the first stream's
+    // launches by the fences, and read after it.
+    exec.resources_mut().2.as_mut_slice().unwrap().fill(0);
+    let other = Stream::non_blocking().unwrap();
+    exec.launcher(&other).unwrap().launch().unwrap();
+    assert!(exec.resources().2.as_slice().unwrap() == data, "after the second stream");
+    // Forgotten: its marks stay in flight; the host read records anew and still waits.
+    exec.resources_mut().2.as_mut_slice().unwrap().fill(0);
+    let mut run = exec.launcher(&l).unwrap();
+    run.launch().unwrap();
+    std::mem::forget(run); // safe: the marks stay; waits never block on them
+    cuda_mem_tests::still_pending(!l.is_idle().unwrap(), "the replay ended before the read");
+    assert!(exec.resources().2.as_slice().unwrap() == data, "after a forgotten launcher");
+    let (_, d, out) = exec.into_resources().unwrap();
+    assert!(d.to_vec().unwrap() == data);
+    assert!(out.as_slice().unwrap() == data);
+}
+
+/// While a capture is open (here on another stream, on this thread), a launcher's launches take
+/// the checked path, and still run: a kernel graph launched 4 times through a launcher made
+/// before the capture, 2 of them while it is open, bumps every word 4 times.
+#[test]
+fn a_launcher_takes_the_checked_path_while_a_capture_is_open() {
+    let _dev = gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let mut e = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    let mut exec = s
+        .capture(CaptureMode::ThreadLocal, &mut e, |cap, e| {
+            let w = e.device_ptr_mut(cap.stream())?;
+            // SAFETY: the guard's N words, alive across the launch.
+            unsafe { probes.bump(w.as_mut_ptr(), N as u32, cap.stream()) }
+        })
+        .unwrap()
+        .instantiate()
+        .unwrap();
+    let other = Stream::non_blocking().unwrap();
+    let mut scratch = DeviceBuffer::<u32>::zeroed(N).unwrap();
+    {
+        let mut run = exec.launcher(&s).unwrap();
+        assert!(run.is_fast());
+        run.launch().unwrap();
+        let graph = other
+            .capture(CaptureMode::ThreadLocal, &mut scratch, |cap, x| {
+                run.launch()?;
+                run.launch()?;
+                x.memset_async(1, cap.stream())
+            })
+            .unwrap();
+        drop(graph);
+        run.launch().unwrap();
+    }
+    assert_eq!(exec.into_resources().unwrap().to_vec().unwrap(), vec![4u32; N]);
+}
