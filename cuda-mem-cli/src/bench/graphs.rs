@@ -433,24 +433,15 @@ struct Replays {
     raw: Times,
 }
 
-/// Replays of the executable graphs `execs` (captured by the caller, one per placement of the
-/// buffers) through their launch and raw, and of cudarc's captures of the same sequence (one
-/// per view in `views`, on the same memory, or one on its own slices where `views` is empty),
-/// in rotating order; round `r` replays the graphs of placement `r % execs.len()` on every
-/// side. A cudarc capture that fails is reported (its rows left out), not fatal. Also returns
-/// the replays per placement, all sides together (for the data check).
-fn replays<R: GraphResources>(
+/// cudarc's captures of the sequence: one per view in `views` (on cuda-mem's memory), or one
+/// on its own slices where `views` is empty; uploaded. A capture that fails is reported (its
+/// rows left out), not fatal: then none.
+fn cudarc_graphs(
     res: &mut BenchResults,
     kernels_only: bool,
-    s: &Stream,
     cudarc: &mut Option<Cu>,
-    execs: &[GraphExec<R>],
     views: &mut [CudaSlice<u32>],
-) -> Result<(Replays, Vec<usize>)> {
-    for exec in execs {
-        exec.upload(s)?;
-    }
-    s.synchronize()?;
+) -> Result<Vec<CudaGraph>> {
     let captured: Option<Result<Vec<CudaGraph>>> = cudarc.as_mut().map(|c| {
         if views.is_empty() {
             Ok(vec![c.capture(kernels_only, None)?])
@@ -461,7 +452,7 @@ fn replays<R: GraphResources>(
                 .collect()
         }
     });
-    let graphs = match captured {
+    Ok(match captured {
         None => Vec::new(),
         Some(Ok(gs)) => {
             progress(&format!(
@@ -477,33 +468,47 @@ fn replays<R: GraphResources>(
             super::attempt(res, &["cudarc"], "graphs cudarc capture", Err::<(), _>(e))?;
             Vec::new()
         }
-    };
+    })
+}
+
+/// Replays in rotating order of three sides: ours (`ours(k)` launches the graph of placement
+/// `k`), the raw launch of the same executable graphs (`raws`), and cudarc's `graphs`; round
+/// `r` replays the graphs of placement `r % raws.len()` on every side. Adds the replays per
+/// placement, all sides together, to `launched` (cudarc's only where they run on cuda-mem's
+/// memory: `on_ours`).
+fn replays(
+    s: &Stream,
+    cudarc: Option<&Cu>,
+    raws: &[sys::cudaGraphExec_t],
+    ours: &mut dyn FnMut(usize) -> Result<()>,
+    graphs: &[CudaGraph],
+    on_ours: bool,
+    launched: &mut [usize],
+) -> Result<Replays> {
     let mut t = Replays {
         ours: Times::default(),
         cudarc: Times::default(),
         raw: Times::default(),
     };
-    let mut launched = vec![0usize; execs.len()];
     for r in 0..ALL {
-        let k = r % execs.len();
-        let exec = &execs[k];
+        let k = r % raws.len();
         for side in 0..3 {
             match (r + side) % 3 {
-                0 => t.ours.sample(r, || exec.launch(s), || s.synchronize())?,
+                0 => t.ours.sample(r, || ours(k), || s.synchronize())?,
                 1 => t.raw.sample(
                     r,
                     || {
-                        // SAFETY: the executable graph `exec` keeps its buffers borrowed, and
-                        // every round is waited for (the stream synchronized) before the next
-                        // one or any other use of them: no fence needs to know this launch.
-                        let code = unsafe { sys::cudaGraphLaunch(exec.as_raw(), s.as_raw()) };
+                        // SAFETY: the executable graph keeps its buffers borrowed, and every
+                        // round is waited for (the stream synchronized) before the next one or
+                        // any other use of them: no fence needs to know this launch.
+                        let code = unsafe { sys::cudaGraphLaunch(raws[k], s.as_raw()) };
                         cuda_mem::check(code, || "cudaGraphLaunch (raw)".into())
                     },
                     || s.synchronize(),
                 )?,
                 _ => {
-                    let Some(c) = cudarc.as_ref() else { continue };
-                    let Some(g) = graphs.get(r % graphs.len().max(1)) else {
+                    let (Some(c), Some(g)) = (cudarc, graphs.get(r % graphs.len().max(1)))
+                    else {
                         continue;
                     };
                     t.cudarc.sample(
@@ -511,7 +516,7 @@ fn replays<R: GraphResources>(
                         || cu(g.launch(), "CudaGraph::launch"),
                         || cu(c.cs.synchronize(), "synchronize"),
                     )?;
-                    if !views.is_empty() {
+                    if on_ours {
                         launched[k] += 1;
                     }
                     continue;
@@ -520,13 +525,13 @@ fn replays<R: GraphResources>(
             launched[k] += 1;
         }
     }
-    Ok((t, launched))
+    Ok(t)
 }
 
 /// A sequence's graph rows: its nodes, then the replays (ours, raw, cudarc's) of `graphs` (one
 /// per placement; cudarc's on `views` of the same memory where given) beside the eager rounds
-/// `eager`; the graphs' resources handed back. Returns the replays and the replays per
-/// placement.
+/// `eager`, twice: ours through `GraphExec::launch`, then through a `Launcher` per graph. The
+/// graphs' resources are handed back. Returns the replays per placement.
 fn graph_rows<R: GraphResources>(
     res: &mut BenchResults,
     kernels_only: bool,
@@ -535,39 +540,82 @@ fn graph_rows<R: GraphResources>(
     graphs: Vec<Graph<R>>,
     views: &mut [CudaSlice<u32>],
     eager: &(Times, Times),
-) -> Result<(Replays, Vec<usize>)> {
+) -> Result<Vec<usize>> {
     if let Some(g) = graphs.first() {
         progress(&format!(
             "  graph nodes, cuda-mem: {}",
             node_kinds(g.as_raw())
         ));
     }
-    let execs = graphs
+    let mut execs = graphs
         .into_iter()
         .map(Graph::instantiate)
         .collect::<Result<Vec<_>>>()?;
-    let out = replays(res, kernels_only, s, cudarc, &execs, views)?;
+    for exec in &execs {
+        exec.upload(s)?;
+    }
+    s.synchronize()?;
+    let theirs = cudarc_graphs(res, kernels_only, cudarc, views)?;
+    let on_ours = !views.is_empty();
+    let raws: Vec<_> = execs.iter().map(GraphExec::as_raw).collect();
+    let mut launched = vec![0usize; execs.len()];
+    let c = cudarc.as_ref();
+    let plain = replays(
+        s,
+        c,
+        &raws,
+        &mut |k| execs[k].launch(s),
+        &theirs,
+        on_ours,
+        &mut launched,
+    )?;
+    let looped = {
+        let mut ls = execs
+            .iter_mut()
+            .map(|e| e.launcher(s))
+            .collect::<Result<Vec<_>>>()?;
+        replays(
+            s,
+            c,
+            &raws,
+            &mut |k| ls[k].launch(),
+            &theirs,
+            on_ours,
+            &mut launched,
+        )?
+    };
+    drop(theirs);
     for exec in execs {
         exec.into_resources()?;
     }
-    report(res, kernels_only, eager, &out.0);
-    Ok(out)
+    report(res, kernels_only, eager, &plain, "GraphExec::launch", "graph");
+    report(res, kernels_only, eager, &looped, "Launcher::launch", "graph (launcher)");
+    Ok(launched)
 }
 
-fn report(res: &mut BenchResults, kernels_only: bool, eager: &(Times, Times), g: &Replays) {
+/// The progress lines of one sequence's replays through `how`, and its rows: the eager ones
+/// (once: with the plain launches) and those of the graph, named `graph`.
+fn report(
+    res: &mut BenchResults,
+    kernels_only: bool,
+    eager: &(Times, Times),
+    g: &Replays,
+    how: &str,
+    graph: &str,
+) {
     let (test, _) = names(kernels_only);
     let (eh, ee) = eager.0.medians_us();
     let (gh, ge) = g.ours.medians_us();
     let (rh, re) = g.raw.medians_us();
     progress(&format!(
-        "  {test} cuda-mem: eager host {eh:.1} / end {ee:.1} us; graph host {gh:.2} / end \
-         {ge:.1} us; graph/eager host {:.3}, end-to-end {:.3}",
+        "  {test} cuda-mem ({how}): eager host {eh:.1} / end {ee:.1} us; graph host {gh:.2} / \
+         end {ge:.1} us; graph/eager host {:.3}, end-to-end {:.3}",
         gh / eh,
         ge / ee
     ));
     progress(&format!(
         "  {test} raw cudaGraphLaunch of the same graph: host {rh:.2} / end {re:.1} us; \
-         cuda-mem launch / raw: host {:.3}, end-to-end {:.3}",
+         {how} / raw: host {:.3}, end-to-end {:.3}",
         gh / rh,
         ge / re
     ));
@@ -581,8 +629,10 @@ fn report(res: &mut BenchResults, kernels_only: bool, eager: &(Times, Times), g:
             cge / ce
         ));
     }
-    rows(res, test, "eager", &eager.0, &eager.1);
-    rows(res, test, "graph", &g.ours, &g.cudarc);
+    if graph == "graph" {
+        rows(res, test, "eager", &eager.0, &eager.1);
+    }
+    rows(res, test, graph, &g.ours, &g.cudarc);
 }
 
 /// Both sequences, and a data check per side and sequence. `image`: `--kernel-image`.
@@ -637,7 +687,7 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let (_, launched) = graph_rows(res, true, &s, &mut cudarc, graphs, &mut views.0, &ea)?;
+    let launched = graph_rows(res, true, &s, &mut cudarc, graphs, &mut views.0, &ea)?;
     drop(views);
     raw_reference(tiny, "after the replays")?;
     // Each replay (every side's) and each eager round of ours (on the first buffer) bumps
