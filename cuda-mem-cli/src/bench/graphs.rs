@@ -507,8 +507,7 @@ fn replays(
                     || s.synchronize(),
                 )?,
                 _ => {
-                    let (Some(c), Some(g)) = (cudarc, graphs.get(r % graphs.len().max(1)))
-                    else {
+                    let (Some(c), Some(g)) = (cudarc, graphs.get(r % graphs.len().max(1))) else {
                         continue;
                     };
                     t.cudarc.sample(
@@ -588,8 +587,22 @@ fn graph_rows<R: GraphResources>(
     for exec in execs {
         exec.into_resources()?;
     }
-    report(res, kernels_only, eager, &plain, "GraphExec::launch", "graph");
-    report(res, kernels_only, eager, &looped, "Launcher::launch", "graph (launcher)");
+    report(
+        res,
+        kernels_only,
+        eager,
+        &plain,
+        "GraphExec::launch",
+        "graph",
+    );
+    report(
+        res,
+        kernels_only,
+        eager,
+        &looped,
+        "Launcher::launch",
+        "graph (launcher)",
+    );
     Ok(launched)
 }
 

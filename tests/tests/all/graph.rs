@@ -525,20 +525,29 @@ fn a_launcher_replays_and_host_access_after_it_waits_even_when_it_was_forgotten(
         }
     }
     cuda_mem_tests::still_pending(!l.is_idle().unwrap(), "the replays ended before the read");
-    assert!(exec.resources().2.as_slice().unwrap() == data, "host read after the launcher");
+    assert!(
+        exec.resources().2.as_slice().unwrap() == data,
+        "host read after the launcher"
+    );
     // Refilled (waits), then replayed from another stream: ordered after the first stream's
     // launches by the fences, and read after it.
     exec.resources_mut().2.as_mut_slice().unwrap().fill(0);
     let other = Stream::non_blocking().unwrap();
     exec.launcher(&other).unwrap().launch().unwrap();
-    assert!(exec.resources().2.as_slice().unwrap() == data, "after the second stream");
+    assert!(
+        exec.resources().2.as_slice().unwrap() == data,
+        "after the second stream"
+    );
     // Forgotten: its marks stay in flight; the host read records anew and still waits.
     exec.resources_mut().2.as_mut_slice().unwrap().fill(0);
     let mut run = exec.launcher(&l).unwrap();
     run.launch().unwrap();
     std::mem::forget(run); // safe: the marks stay; waits never block on them
     cuda_mem_tests::still_pending(!l.is_idle().unwrap(), "the replay ended before the read");
-    assert!(exec.resources().2.as_slice().unwrap() == data, "after a forgotten launcher");
+    assert!(
+        exec.resources().2.as_slice().unwrap() == data,
+        "after a forgotten launcher"
+    );
     let (_, d, out) = exec.into_resources().unwrap();
     assert!(d.to_vec().unwrap() == data);
     assert!(out.as_slice().unwrap() == data);
@@ -578,5 +587,8 @@ fn a_launcher_takes_the_checked_path_while_a_capture_is_open() {
         drop(graph);
         run.launch().unwrap();
     }
-    assert_eq!(exec.into_resources().unwrap().to_vec().unwrap(), vec![4u32; N]);
+    assert_eq!(
+        exec.into_resources().unwrap().to_vec().unwrap(),
+        vec![4u32; N]
+    );
 }
