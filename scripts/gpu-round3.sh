@@ -23,7 +23,7 @@ graphs_ours() {  # $1: sections, $2: name, then more bench options
   local t s=$1 n=$2; shift 2; t=$(date +%s)
   timeout 150 "$cm" bench --sections "$s" --json "$out/$n.json" "$@" >"$out/$n.txt" 2>&1
   echo "bench $s $* rc=$? $(secs "$t") s"
-  grep -E 'tiny kernel|graph nodes|cuda-mem: eager|cudarc: eager|launch / raw|x cudarc|over raw|Verified|failed' "$out/$n.txt" | cut -c1-170 | head -40
+  grep -E 'raw calls only|graph nodes|cuda-mem \(|cudarc: eager|/ raw:|x cudarc|over raw|Verified|failed' "$out/$n.txt" | cut -c1-170 | head -40
 }
 tests_all() {
   local t; t=$(date +%s)
@@ -64,6 +64,7 @@ diag2)
   graphs_cpp
   ;;
 bench)
+  tests_all
   for i in 1 2 3; do graphs_cpp; graphs_ours graphs,calls "bench$i"; done
   ;;
 verify)
