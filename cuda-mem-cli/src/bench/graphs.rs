@@ -55,10 +55,10 @@ const ROUNDS: usize = 200;
 const WARMUP: usize = 20;
 /// Rounds each side runs, warm-up included.
 const ALL: usize = ROUNDS + WARMUP;
-/// Buffers the kernels-only graphs are replayed over, round `r` on buffer `r % PLACEMENTS`
-/// (every side on the same memory): a chain of tiny kernels takes from 89 to 115 us end to end
-/// on the H200 depending on where its 4 KiB lie (scripts/diag/placed.cu), so one buffer would
-/// compare placements, not launches.
+/// Buffers the kernels-only graphs are replayed over, in blocks of rounds, every side on the
+/// same memory: a chain of tiny kernels takes from 86 to 116 us on the H200 depending on where
+/// its 4 KiB lie (scripts/diag/placed.cu, and the bench's own raw reference), so one buffer per
+/// side would compare placements, not launches.
 const PLACEMENTS: usize = 8;
 
 /// The bench's own refusal, for a failed setup step or a missing graph.
@@ -472,8 +472,9 @@ fn cudarc_graphs(
 }
 
 /// Replays in rotating order of three sides: ours (`ours(k)` launches the graph of placement
-/// `k`), the raw launch of the same executable graphs (`raws`), and cudarc's `graphs`; round
-/// `r` replays the graphs of placement `r % raws.len()` on every side. Adds the replays per
+/// `k`), the raw launch of the same executable graphs (`raws`), and cudarc's `graphs`; the
+/// measured rounds go through the placements in blocks of equal length, every side replaying
+/// the graphs of the block's placement. Adds the replays per
 /// placement, all sides together, to `launched` (cudarc's only where they run on cuda-mem's
 /// memory: `on_ours`).
 fn replays(
@@ -491,7 +492,15 @@ fn replays(
         raw: Times::default(),
     };
     for r in 0..ALL {
-        let k = r % raws.len();
+        // Placements in blocks of consecutive rounds: each graph replayed again and again, as
+        // graphs.cu replays its one (the driver's data of one executable graph stays warm).
+        // (The warm-up rounds go round all of them.)
+        let p = raws.len();
+        let k = if r < WARMUP {
+            r % p
+        } else {
+            (r - WARMUP) * p / ROUNDS
+        };
         for side in 0..3 {
             match (r + side) % 3 {
                 0 => t.ours.sample(r, || ours(k), || s.synchronize())?,
@@ -507,7 +516,9 @@ fn replays(
                     || s.synchronize(),
                 )?,
                 _ => {
-                    let (Some(c), Some(g)) = (cudarc, graphs.get(r % graphs.len().max(1))) else {
+                    let (Some(c), Some(g)) =
+                        (cudarc, graphs.get(k.min(graphs.len().saturating_sub(1))))
+                    else {
                         continue;
                     };
                     t.cudarc.sample(
@@ -679,15 +690,16 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
         super::attempt(res, &["cudarc"], "graphs cudarc setup", setup)
     };
 
-    raw_reference(tiny, "at the section's start")?;
     // 100 tiny kernels, replayed over PLACEMENTS buffers (each graph keeps the one it writes),
-    // cudarc's graphs on views of the same buffers.
-    let mut cudarc = cudarc_side(res)?;
-    let (_, name) = names(true);
-    progress(&format!("graphs: {name}"));
+    // cudarc's graphs on views of the same buffers. The buffers are the section's first
+    // allocations, as graphs.cu's are its first.
     let mut es = (0..PLACEMENTS)
         .map(|_| DeviceBuffer::<u32>::zeroed(N))
         .collect::<Result<Vec<_>>>()?;
+    raw_reference(tiny, "at the section's start")?;
+    let mut cudarc = cudarc_side(res)?;
+    let (_, name) = names(true);
+    progress(&format!("graphs: {name}"));
     raw_reference(tiny, "after cudarc's setup")?;
     let ea = eager(true, &s, &mut cudarc, || ours_kernels(tiny, &mut es[0], &s))?;
     raw_reference(tiny, "after the eager rounds")?;
