@@ -743,8 +743,10 @@ fn review6_launches_racing_a_join_of_their_stream_into_a_capture_never_land_in_i
         Stream::non_blocking().unwrap(),
     );
     let mut a = DeviceBuffer::<u32>::zeroed(NB).unwrap();
-    let mut x = DeviceBuffer::<u32>::zeroed(NB).unwrap();
-    let mut y = DeviceBuffer::<u32>::zeroed(NB).unwrap();
+    let mut x = DeviceBuffer::<u32>::uninit(NB).unwrap();
+    let mut y = DeviceBuffer::<u32>::uninit(NB).unwrap();
+    // Alone on `s`: what the capture's own work makes (the second time, as every later time).
+    joining_capture(&c, &s, &mut x, &mut y).unwrap();
     let expected = joining_capture(&c, &s, &mut x, &mut y).unwrap();
     let mut exec = bumper(&probes, &s, &mut a);
     let (e, sr) = (&mut exec, &s);
@@ -785,8 +787,10 @@ fn review6_guarded_kernels_racing_a_join_of_their_stream_into_a_capture_never_la
         Stream::non_blocking().unwrap(),
     );
     let mut z = DeviceBuffer::<u32>::zeroed(NB).unwrap();
-    let mut x = DeviceBuffer::<u32>::zeroed(NB).unwrap();
-    let mut y = DeviceBuffer::<u32>::zeroed(NB).unwrap();
+    let mut x = DeviceBuffer::<u32>::uninit(NB).unwrap();
+    let mut y = DeviceBuffer::<u32>::uninit(NB).unwrap();
+    // Alone on `s`: what the capture's own work makes (the second time, as every later time).
+    joining_capture(&c, &s, &mut x, &mut y).unwrap();
     let expected = joining_capture(&c, &s, &mut x, &mut y).unwrap();
     let (zr, sr, pr) = (&mut z, &s, &probes);
     let (cap, raced) = race(
