@@ -34,6 +34,7 @@ mod review;
 mod review3;
 mod review4;
 mod review5;
+mod review6;
 mod soundness;
 mod staged;
 mod views;
