@@ -610,12 +610,37 @@ pub(crate) fn owns(token: u64) -> bool {
             .any(|o| o.token == token && o.thread == me)
 }
 
-/// Notes that the fence joined `s` into the capture `token` (a wait on one of its events).
-pub(crate) fn join(token: u64, s: &Arc<StreamInner>) {
-    if let Some(o) = registry().iter_mut().find(|o| o.token == token) {
-        if !o.streams.iter().any(|x| StreamInner::same(x, s)) {
+/// Before the fence joins `s` into the capture `token` (a wait on one of its events): notes
+/// `s` as the capture's, then makes the capture side of the handshake for `s`, as a capture
+/// begin does for its origin. From the note on, another thread's work on `s` sees `s` in the
+/// capture and is refused (its buffers were not given to it); work already in flight on `s`
+/// is waited for, so it is queued before the join, outside the capture. (Noting after the
+/// join left a window in which such work passed the checks and was queued into the capture.)
+/// `Ok(true)` where `s` is newly noted: undo with [`unjoin`] if the join then fails.
+///
+/// Waits at most [`OPS_WAIT_LIMIT`] ([`OPS_HELD`]): an operation in flight on `s` that waits
+/// for the lock of the buffer whose fence is joining holds this up until then.
+pub(crate) fn join(token: u64, s: &Arc<StreamInner>) -> Result<bool> {
+    let newly = match registry().iter_mut().find(|o| o.token == token) {
+        Some(o) if !o.streams.iter().any(|x| StreamInner::same(x, s)) => {
             o.streams.push(s.clone());
+            true
         }
+        _ => false,
+    };
+    if newly {
+        if let Err(e) = capture_barrier(barrier()).and_then(|()| wait_for_ops(stream_id(s))) {
+            unjoin(token, s);
+            return Err(e);
+        }
+    }
+    Ok(newly)
+}
+
+/// Takes back a [`join`] note whose join failed.
+pub(crate) fn unjoin(token: u64, s: &Arc<StreamInner>) {
+    if let Some(o) = registry().iter_mut().find(|o| o.token == token) {
+        o.streams.retain(|x| !StreamInner::same(x, s));
     }
 }
 

@@ -128,8 +128,15 @@ impl Backend for Cuda {
                 // A fork: the capturing thread's work on a buffer given to the capture joins
                 // its stream into the capture.
                 (c, None) if c != 0 && JOIN.with(Cell::get) == c && capture::owns(c) => {
-                    e.wait_on_inner(stream)?;
-                    capture::join(c, stream);
+                    // Noted (and other threads' work on the stream settled) first, joined
+                    // after (see `capture::join`).
+                    let newly = capture::join(c, stream)?;
+                    if let Err(err) = e.wait_on_inner(stream) {
+                        if newly {
+                            capture::unjoin(c, stream);
+                        }
+                        return Err(err);
+                    }
                     return Ok(());
                 }
                 (c, _) if c != 0 => {
