@@ -281,9 +281,14 @@ impl Launches {
     /// this stream's launches records here). So since that mark nothing was recorded on
     /// `fence`, and the event that the next wait records on `stream` comes after this launch
     /// is queued, and covers it as it covers the marked one.
-    fn mark(&self, stream: &Stream) -> Result<Option<Use<'_>>> {
+    ///
+    /// `open`: what the caller's handshake with capture begins ([`capture::InOp`], entered
+    /// for `stream` and held until the launch is queued) read of the open-capture count: with
+    /// no mark of its own (`None`), only that handshake keeps a capture begin on `stream` from
+    /// taking the launch unseen.
+    fn mark(&self, stream: &Stream, open: bool) -> Result<Option<Use<'_>>> {
         let inner = stream.inner();
-        let plain = !capture::any_open() && !capture::is_legacy(inner);
+        let plain = !open && !capture::is_legacy(inner);
         if plain
             && self
                 .marked_on
@@ -686,8 +691,11 @@ impl<R: GraphResources> GraphExec<R> {
         self.check_resources(OP)?;
         let _g = stream.inner().enter()?;
         Fence::check_queue(stream)?;
+        // The handshake with capture begins, for the whole launch: a graph without resources
+        // whose launches' mark is skipped (`None`) makes no other.
+        let (_op, open) = capture::InOp::enter(stream.inner());
         self.res.marked(stream, || {
-            let _launch = self.launches.mark(stream)?;
+            let _launch = self.launches.mark(stream, open)?;
             // SAFETY: a live executable graph and stream. Its nodes use only the resources
             // (the capture refused other buffers, and graph memory is freed inside the graph),
             // which `self` keeps borrowed, whose fences order this launch after their pending
@@ -718,7 +726,9 @@ impl<R: GraphResources> GraphExec<R> {
     ///
     /// On a legacy default stream, a stream lent to another library, or while a capture is
     /// open (at its making or at a launch), or a buffer is bound to one, its launches take
-    /// [`launch`](Self::launch)'s path, with all its checks.
+    /// [`launch`](Self::launch)'s path, with all its checks. (A `&` buffer that another
+    /// thread's work gives up to a foreign capture meanwhile is still read by its launches:
+    /// given-up memory is never freed, so reading it stays sound.)
     pub fn launcher<'e>(&'e mut self, stream: &'e Stream) -> Result<Launcher<'e, R>> {
         let this: &'e GraphExec<R> = self;
         this.check_resources("GraphExec::launcher")?;
@@ -766,7 +776,9 @@ impl<R: GraphResources> GraphExec<R> {
         self.check_resources("GraphExec::upload")?;
         let _g = stream.inner().enter()?;
         Fence::check_queue(stream)?;
-        let _launch = self.launches.mark(stream)?;
+        // The handshake with capture begins (the upload marks no resource; see `launch`).
+        let (_op, open) = capture::InOp::enter(stream.inner());
+        let _launch = self.launches.mark(stream, open)?;
         // SAFETY: a live executable graph and stream.
         let code = unsafe { sys::cudaGraphUpload(self.exec, stream.inner().raw()) };
         check(code, || format!("cudaGraphUpload({:p})", self.exec))
@@ -928,9 +940,10 @@ mod tests {
     /// whether it marked the launches' fence.
     fn launch<R: Visit>(res: &R, launches: &Launches, s: &Stream) -> bool {
         Fence::check_queue(s).unwrap();
+        let (_op, open) = crate::fence::capture::InOp::enter(s.inner());
         let marked = Cell::new(false);
         res.marked(s, || {
-            marked.set(launches.mark(s)?.is_some());
+            marked.set(launches.mark(s, open)?.is_some());
             Ok(())
         })
         .unwrap();
