@@ -7,6 +7,9 @@
 #                                  # `cuda-mem bench --sections graphs`, tests-all
 #   scripts/gpu-round3.sh bench    # graphs.cu and `cuda-mem bench --sections graphs,calls`
 #                                  # interleaved, three times each
+#   scripts/gpu-round3.sh final    # run.sh (every test), the review's races before their fixes,
+#                                  # graphs.cu beside `cuda-mem bench --sections graphs,calls` x2
+#   scripts/gpu-round3.sh memcheck # run.sh --memcheck (the whole suite under memcheck)
 #   scripts/gpu-round3.sh verify   # run.sh (every test), run.sh --memcheck (the whole suite)
 set -u
 out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
@@ -66,6 +69,26 @@ diag2)
 bench)
   tests_all
   for i in 1 2 3; do graphs_cpp; graphs_ours graphs,calls "bench$i"; done
+  ;;
+final)
+  # Every test, the review's races on the code before their fixes (bundle/old/tests-all, built
+  # from 7d4f9a4), and the bench beside graphs.cu, twice.
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_IPC=1 timeout "${SUITE_SECS:-330}" "$b/run.sh" >"$out/suite.txt" 2>&1
+  echo "run.sh rc=$? in $(secs "$t") s"; grep -E 'rc=|passed, .* failed' "$out/suite.txt" | head -40
+  if [ -x bundle/old/tests-all ]; then
+    CUDA_MEM_REQUIRE_GPU=1 timeout 60 bundle/old/tests-all --test-threads=1 racing \
+      >"$out/old-races.txt" 2>&1
+    echo "before the fixes (7d4f9a4), the racing tests: rc=$?"
+    grep -E '^test |test result' "$out/old-races.txt" | head -20
+  fi
+  for i in 1 2; do graphs_cpp; graphs_ours graphs,calls "final$i"; done
+  ;;
+memcheck)
+  t=$(date +%s)
+  CUDA_MEM_REQUIRE_IPC=1 timeout "${MEMCHECK_SECS:-540}" "$b/run.sh" --memcheck >"$out/memcheck.txt" 2>&1
+  echo "run.sh --memcheck rc=$? in $(secs "$t") s"
+  grep -E 'rc=|passed, .* failed|ERROR SUMMARY|LEAK|example' "$out/memcheck.txt" | head -60
   ;;
 verify)
   t=$(date +%s)
