@@ -600,3 +600,51 @@ fn a_launcher_takes_the_checked_path_while_a_capture_is_open() {
         vec![4u32; N]
     );
 }
+
+/// A graph replayed on the calling thread's per-thread default stream, through `launch` and
+/// through a launcher: the stream is busy behind the graph's spin right after each launch, and
+/// the host read after it sees the graph's copy.
+#[test]
+fn a_graph_replays_on_the_per_thread_stream_through_launch_and_a_launcher() {
+    let _dev = gpu_or_skip!();
+    let probes = Probes::load().unwrap();
+    let s = Stream::non_blocking().unwrap();
+    let pt = Stream::per_thread().unwrap();
+    let data = pattern(N, 63);
+    let h = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
+    let mut out = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
+    let mut exec = s
+        .capture(CaptureMode::ThreadLocal, (&h, &mut out), |cap, (h, out)| {
+            probes.spin(SPIN, cap.stream())?;
+            copy_async(&mut **out, &**h, cap.stream())
+        })
+        .unwrap()
+        .instantiate()
+        .unwrap();
+    exec.launch(&pt).unwrap();
+    let after_launch = !pt.is_idle().unwrap();
+    assert!(
+        exec.resources().1.as_slice().unwrap() == data,
+        "after launch"
+    );
+    exec.resources_mut().1.as_mut_slice().unwrap().fill(0);
+    let (after_launcher, fast) = {
+        let mut run = exec.launcher(&pt).unwrap();
+        let fast = run.is_fast();
+        run.launch().unwrap();
+        (!pt.is_idle().unwrap(), fast)
+    };
+    assert!(
+        exec.resources().1.as_slice().unwrap() == data,
+        "after the launcher"
+    );
+    eprintln!(
+        "per-thread stream busy after launch: {after_launch}; after a launcher's launch: \
+         {after_launcher} (short path: {fast})"
+    );
+    cuda_mem_tests::still_pending(after_launch, "the replay through launch ended at once");
+    cuda_mem_tests::still_pending(
+        after_launcher,
+        "the replay through a launcher ended at once",
+    );
+}
