@@ -85,6 +85,12 @@ final)
   for i in 1 2; do graphs_cpp; graphs_ours graphs,calls "final$i"; done
   ;;
 memcheck)
+  for i in 1 2; do
+    CUDA_MEM_REQUIRE_GPU=1 timeout 30 "$b/tests/tests-all" --test-threads=1 --nocapture per_thread \
+      >"$out/per-thread-$i.txt" 2>&1
+    echo "per-thread tests, run $i: rc=$?"
+    grep -E '^test |busy after|panicked|test result' "$out/per-thread-$i.txt" | head -12
+  done
   t=$(date +%s)
   CUDA_MEM_REQUIRE_IPC=1 timeout "${MEMCHECK_SECS:-540}" "$b/run.sh" --memcheck >"$out/memcheck.txt" 2>&1
   echo "run.sh --memcheck rc=$? in $(secs "$t") s"
