@@ -601,9 +601,12 @@ fn a_launcher_takes_the_checked_path_while_a_capture_is_open() {
     );
 }
 
-/// A graph replayed on the calling thread's per-thread default stream, through `launch` and
-/// through a launcher: the stream is busy behind the graph's spin right after each launch, and
-/// the host read after it sees the graph's copy.
+/// A graph replayed on the calling thread's per-thread default stream, raw, through `launch`
+/// and through a launcher: each replay's copy is read after it (the data checked). On the
+/// H200 (driver 580) a `cudaGraphLaunch` on the per-thread stream returns only once the graph
+/// has run (the stream is idle right after, the call takes the graph's 300 ms spin): what the
+/// runtime does, which the crate's launches do alike, printed here (not asserted: another
+/// driver may queue it).
 #[test]
 fn a_graph_replays_on_the_per_thread_stream_through_launch_and_a_launcher() {
     let _dev = gpu_or_skip!();
@@ -621,30 +624,43 @@ fn a_graph_replays_on_the_per_thread_stream_through_launch_and_a_launcher() {
         .unwrap()
         .instantiate()
         .unwrap();
-    exec.launch(&pt).unwrap();
-    let after_launch = !pt.is_idle().unwrap();
+    let timed = |f: &mut dyn FnMut()| {
+        let t = std::time::Instant::now();
+        f();
+        (t.elapsed().as_secs_f64() * 1e3, !pt.is_idle().unwrap())
+    };
+    // Raw: the executable graph keeps its buffers borrowed, and the launch is waited for (the
+    // stream synchronized) before the buffers are touched.
+    let raw = exec.as_raw();
+    let r = timed(&mut || {
+        // SAFETY: a live executable graph and stream; synchronized below before any use.
+        let code = unsafe { cuda_mem::sys::cudaGraphLaunch(raw, pt.as_raw()) };
+        cuda_mem::check(code, || "cudaGraphLaunch".into()).unwrap();
+    });
+    pt.synchronize().unwrap();
+    assert!(
+        exec.resources().1.as_slice().unwrap() == data,
+        "after the raw launch"
+    );
+    exec.resources_mut().1.as_mut_slice().unwrap().fill(0);
+    let l = timed(&mut || exec.launch(&pt).unwrap());
     assert!(
         exec.resources().1.as_slice().unwrap() == data,
         "after launch"
     );
     exec.resources_mut().1.as_mut_slice().unwrap().fill(0);
-    let (after_launcher, fast) = {
+    let (lr, fast) = {
         let mut run = exec.launcher(&pt).unwrap();
         let fast = run.is_fast();
-        run.launch().unwrap();
-        (!pt.is_idle().unwrap(), fast)
+        (timed(&mut || run.launch().unwrap()), fast)
     };
     assert!(
         exec.resources().1.as_slice().unwrap() == data,
         "after the launcher"
     );
     eprintln!(
-        "per-thread stream busy after launch: {after_launch}; after a launcher's launch: \
-         {after_launcher} (short path: {fast})"
-    );
-    cuda_mem_tests::still_pending(after_launch, "the replay through launch ended at once");
-    cuda_mem_tests::still_pending(
-        after_launcher,
-        "the replay through a launcher ended at once",
+        "per-thread stream, ms in the call / busy after it: raw cudaGraphLaunch {:.1} / {}; \
+         launch {:.1} / {}; a launcher's launch {:.1} / {} (short path: {fast})",
+        r.0, r.1, l.0, l.1, lr.0, lr.1
     );
 }
