@@ -38,8 +38,7 @@ use std::time::Instant;
 use cuda_mem::sys::cudaMemcpyKind as K;
 use cuda_mem::{
     check, copy_async, memset_async, sys, CaptureMode, DeviceBuffer, DevicePtr as _,
-    DevicePtrMut as _, GraphExec, GraphResources, HostAllocFlags, MemPool, PinnedBuffer, Result,
-    Stream,
+    DevicePtrMut as _, GraphExec, HostAllocFlags, MemPool, PinnedBuffer, Result, Stream,
 };
 
 /// Bytes of each call.
@@ -237,20 +236,41 @@ struct Graphs<'a> {
     )>,
 }
 
-/// One launch of `exec` on `s`, ours or raw, timed alone (ns), then a synchronize of `s`.
-fn launch_once<R: GraphResources>(exec: &GraphExec<R>, ours: bool, s: &Stream) -> Result<f64> {
+/// One launch, ours (`launch`) or the raw `cudaGraphLaunch` of `raw` on `s`, timed alone (ns),
+/// then a synchronize of `s`.
+fn launch_once(
+    ours: bool,
+    launch: impl FnOnce() -> Result<()>,
+    raw: sys::cudaGraphExec_t,
+    s: &Stream,
+) -> Result<f64> {
     let t = Instant::now();
     if ours {
-        exec.launch(s)?;
+        launch()?;
     } else {
-        // SAFETY: `exec` keeps its buffers borrowed, and every launch is waited for (the
-        // stream synchronized below) before the next one or any other use of them.
-        let code = unsafe { sys::cudaGraphLaunch(exec.as_raw(), s.as_raw()) };
+        // SAFETY: the executable graph keeps its buffers borrowed, and every launch is waited
+        // for (the stream synchronized below) before the next one or any other use of them.
+        let code = unsafe { sys::cudaGraphLaunch(raw, s.as_raw()) };
         check(code, || "cudaGraphLaunch".into())?;
     }
     let ns = t.elapsed().as_secs_f64() * 1e9;
     s.synchronize()?;
     Ok(ns)
+}
+
+/// ns per launch, ours and raw (`launch(ours)`), `calls` launches a sample, interleaved.
+fn launch_row(
+    samples: usize,
+    calls: u32,
+    mut launch: impl FnMut(bool) -> Result<f64>,
+) -> Result<(f64, f64)> {
+    paired(samples, |ours| {
+        let mut sum = 0.0;
+        for _ in 0..calls {
+            sum += launch(ours)?;
+        }
+        Ok(sum / f64::from(calls))
+    })
 }
 
 /// The graph rows: each graph's launches, ours and raw (ns per launch, each launch timed
@@ -266,18 +286,14 @@ fn graph_rows(
     for (name, n) in [("graph_launch 1", 1), ("graph_launch 3", 3)] {
         let launch = |ours: bool| {
             if n == 1 {
-                launch_once(&graphs.one, ours, nb)
+                let g = &graphs.one;
+                launch_once(ours, || g.launch(nb), g.as_raw(), nb)
             } else {
-                launch_once(&graphs.three, ours, nb)
+                let g = &graphs.three;
+                launch_once(ours, || g.launch(nb), g.as_raw(), nb)
             }
         };
-        let t = paired(samples, |ours| {
-            let mut sum = 0.0;
-            for _ in 0..calls {
-                sum += launch(ours)?;
-            }
-            Ok(sum / f64::from(calls))
-        })?;
+        let t = launch_row(samples, calls, launch)?;
         let extra = match counters {
             Some(c) => {
                 let run = |ours: bool| -> Result<()> {
@@ -301,33 +317,14 @@ fn graph_rows(
         let mut l1 = one.launcher(nb)?;
         let mut l3 = three.launcher(nb)?;
         for (name, n) in [("graph_launcher 1", 1), ("graph_launcher 3", 3)] {
-            let mut launch = |ours: bool| -> Result<f64> {
-                let t = Instant::now();
-                if ours {
-                    if n == 1 {
-                        l1.launch()?;
-                    } else {
-                        l3.launch()?;
-                    }
+            let launch = |ours: bool| {
+                if n == 1 {
+                    launch_once(ours, || l1.launch(), raw1, nb)
                 } else {
-                    let raw = if n == 1 { raw1 } else { raw3 };
-                    // SAFETY: the graphs keep their buffers borrowed, and every launch is
-                    // waited for (the stream synchronized below) before the next one or any
-                    // other use of them.
-                    let code = unsafe { sys::cudaGraphLaunch(raw, nb.as_raw()) };
-                    check(code, || "cudaGraphLaunch".into())?;
+                    launch_once(ours, || l3.launch(), raw3, nb)
                 }
-                let ns = t.elapsed().as_secs_f64() * 1e9;
-                nb.synchronize()?;
-                Ok(ns)
             };
-            let t = paired(samples, |ours| {
-                let mut sum = 0.0;
-                for _ in 0..calls {
-                    sum += launch(ours)?;
-                }
-                Ok(sum / f64::from(calls))
-            })?;
+            let t = launch_row(samples, calls, launch)?;
             print_row(name, "non-blocking", t, "");
         }
     }

@@ -9,7 +9,7 @@ use cuda_mem::{
     copy, copy_async, CaptureMode, DeviceBuffer, HostAllocFlags, ManagedBuffer, MappedBuffer,
     MemPool, Misuse, PinnedBuffer, Stream,
 };
-use cuda_mem::{Attach, DevicePtrMut as _, HostRegisterFlags, RegisteredVec};
+use cuda_mem::{Attach, DevicePtrMut as _, GraphExec, HostRegisterFlags, RegisteredVec};
 use cuda_mem_probes::{Probes, PROBE_PTX};
 use cuda_mem_tests::gpu_or_skip;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -601,6 +601,22 @@ fn a_launcher_takes_the_checked_path_while_a_capture_is_open() {
     );
 }
 
+/// An executable graph, captured on `s`, that spins for [`SPIN`] then copies `h` into `out`.
+pub(crate) fn spin_then_copy<'a>(
+    probes: &Probes,
+    s: &Stream,
+    h: &'a PinnedBuffer<u32>,
+    out: &'a mut PinnedBuffer<u32>,
+) -> GraphExec<(&'a PinnedBuffer<u32>, &'a mut PinnedBuffer<u32>)> {
+    s.capture(CaptureMode::ThreadLocal, (h, out), |cap, (h, out)| {
+        probes.spin(SPIN, cap.stream())?;
+        copy_async(&mut **out, &**h, cap.stream())
+    })
+    .unwrap()
+    .instantiate()
+    .unwrap()
+}
+
 /// A graph replayed on the calling thread's per-thread default stream, raw, through `launch`
 /// and through a launcher: each replay's copy is read after it (the data checked). On the
 /// H200 (driver 580) a `cudaGraphLaunch` on the per-thread stream returns only once the graph
@@ -616,14 +632,7 @@ fn a_graph_replays_on_the_per_thread_stream_through_launch_and_a_launcher() {
     let data = pattern(N, 63);
     let h = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
     let mut out = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
-    let mut exec = s
-        .capture(CaptureMode::ThreadLocal, (&h, &mut out), |cap, (h, out)| {
-            probes.spin(SPIN, cap.stream())?;
-            copy_async(&mut **out, &**h, cap.stream())
-        })
-        .unwrap()
-        .instantiate()
-        .unwrap();
+    let mut exec = spin_then_copy(&probes, &s, &h, &mut out);
     let timed = |f: &mut dyn FnMut()| {
         let t = std::time::Instant::now();
         f();

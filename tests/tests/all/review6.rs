@@ -223,14 +223,7 @@ fn review6_a_launcher_on_the_per_thread_stream_is_waited_for_and_refused_elsewhe
     let data = pattern(N, 62);
     let h = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
     let mut out = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
-    let mut exec = s
-        .capture(CaptureMode::ThreadLocal, (&h, &mut out), |cap, (h, out)| {
-            probes.spin(SPIN, cap.stream())?;
-            copy_async(&mut **out, &**h, cap.stream())
-        })
-        .unwrap()
-        .instantiate()
-        .unwrap();
+    let mut exec = crate::graph::spin_then_copy(&probes, &s, &h, &mut out);
     {
         let mut run = exec.launcher(&pt).unwrap();
         run.launch().unwrap();
@@ -468,6 +461,31 @@ struct Raced {
     errors: Vec<String>,
 }
 
+impl Raced {
+    /// Fails the test unless some of the work ran and none failed in the runtime.
+    fn check_ran(&self, what: &str) {
+        assert!(
+            self.errors.is_empty(),
+            "{what} failed in the runtime: {:?}",
+            &self.errors[..self.errors.len().min(3)]
+        );
+        assert!(self.ok > 0, "none of the {what} ran");
+    }
+
+    /// Fails the test unless some of the work ran, none failed in the runtime, and the words
+    /// of `got` were bumped exactly once per `Ok` (work swallowed by a capture returns `Ok` and
+    /// never runs). `what`: the work, in the plural.
+    fn check(&self, what: &str, got: &[u32]) {
+        self.check_ran(what);
+        assert!(
+            got.iter().all(|&v| v as usize == self.ok),
+            "{} {what} returned Ok, but the words were bumped {} times",
+            self.ok,
+            got[0]
+        );
+    }
+}
+
 /// Runs `op` until `stop`.
 fn drive(stop: &AtomicBool, mut op: impl FnMut() -> cuda_mem::Result<()>) -> Raced {
     let mut r = Raced {
@@ -635,18 +653,9 @@ fn review6_launcher_launches_racing_capture_begins_never_land_in_them() {
         || empty_capture(&s),
     );
     cap.check("a launch");
-    assert!(
-        raced.errors.is_empty(),
-        "launches failed in the runtime: {:?}",
-        &raced.errors[..raced.errors.len().min(3)]
-    );
-    assert!(raced.ok > 0, "no launch ran");
-    let got = exec.into_resources().unwrap().to_vec().unwrap();
-    assert!(
-        got.iter().all(|&v| v as usize == raced.ok),
-        "{} launches returned Ok, but the words were bumped {} times",
-        raced.ok,
-        got[0]
+    raced.check(
+        "launches",
+        &exec.into_resources().unwrap().to_vec().unwrap(),
     );
 }
 
@@ -683,18 +692,7 @@ fn review6_launches_of_a_graph_without_resources_racing_capture_begins_never_lan
     drop(exec);
     let got = x.to_vec().unwrap();
     cap.check("a launch");
-    assert!(
-        raced.errors.is_empty(),
-        "launches failed in the runtime: {:?}",
-        &raced.errors[..raced.errors.len().min(3)]
-    );
-    assert!(raced.ok > 0, "no launch ran");
-    assert!(
-        got.iter().all(|&v| v as usize == raced.ok),
-        "{} launches returned Ok, but the words were bumped {} times",
-        raced.ok,
-        got[0]
-    );
+    raced.check("launches", &got);
 }
 
 /// Review finding: `GraphExec::upload` holds no handshake when `Launches::mark` returns `None`
@@ -716,12 +714,7 @@ fn review6_uploads_racing_capture_begins_never_land_in_them() {
         || empty_capture(&s),
     );
     cap.check("an upload");
-    assert!(
-        raced.errors.is_empty(),
-        "uploads failed in the runtime: {:?}",
-        &raced.errors[..raced.errors.len().min(3)]
-    );
-    assert!(raced.ok > 0, "no upload ran");
+    raced.check_ran("uploads");
     exec.synchronize().unwrap();
 }
 
@@ -761,18 +754,9 @@ fn review6_launches_racing_a_join_of_their_stream_into_a_capture_never_land_in_i
         || Ok((joining_capture(&c, &s, &mut x, &mut y)?, expected)),
     );
     cap.check("a launch");
-    assert!(
-        raced.errors.is_empty(),
-        "launches failed in the runtime: {:?}",
-        &raced.errors[..raced.errors.len().min(3)]
-    );
-    assert!(raced.ok > 0, "no launch ran");
-    let got = exec.into_resources().unwrap().to_vec().unwrap();
-    assert!(
-        got.iter().all(|&v| v as usize == raced.ok),
-        "{} launches returned Ok, but the words were bumped {} times",
-        raced.ok,
-        got[0]
+    raced.check(
+        "launches",
+        &exec.into_resources().unwrap().to_vec().unwrap(),
     );
 }
 
@@ -807,17 +791,5 @@ fn review6_guarded_kernels_racing_a_join_of_their_stream_into_a_capture_never_la
         || Ok((joining_capture(&c, &s, &mut x, &mut y)?, expected)),
     );
     cap.check("a kernel");
-    assert!(
-        raced.errors.is_empty(),
-        "kernels failed in the runtime: {:?}",
-        &raced.errors[..raced.errors.len().min(3)]
-    );
-    assert!(raced.ok > 0, "no kernel ran");
-    let got = z.to_vec().unwrap();
-    assert!(
-        got.iter().all(|&v| v as usize == raced.ok),
-        "{} bumps returned Ok, but the words were bumped {} times",
-        raced.ok,
-        got[0]
-    );
+    raced.check("kernels", &z.to_vec().unwrap());
 }
