@@ -172,9 +172,61 @@ fn main() -> Result<()> {
         (median(hs), median(es)),
     );
     row(
-        "raw graph, raw launch, raw sync (after eager rounds)",
+        "raw graph, raw launch, raw sync (after raw eager rounds)",
         time(|| raw_launch(raw_exec, rs), || raw_sync(rs))?,
     );
+    // The crate's eager rounds, as the bench runs them (100 guarded launches on a buffer).
+    let mut g = DeviceBuffer::<u32>::zeroed(N as usize)?;
+    for _ in 0..ROUNDS + WARMUP {
+        for _ in 0..100 {
+            let w = g.device_ptr_mut(&s)?;
+            // SAFETY: the guard's N words, alive across the launch.
+            unsafe { probes.bump(w.as_mut_ptr(), N, &s)? };
+        }
+        s.synchronize()?;
+    }
+    row(
+        "raw graph, raw launch, raw sync (after the crate's eager rounds)",
+        time(|| raw_launch(raw_exec, rs), || raw_sync(rs))?,
+    );
+    // What `cuda-mem bench` makes before its sections (its `Ctx`: two timing events, a mapped
+    // flag and the probes loaded again), then the same raw graph on the same buffer.
+    let _events = (cuda_mem::Event::timing()?, cuda_mem::Event::timing()?);
+    let _flag = cuda_mem::alloc_mapped::<u32>(1)?;
+    let _again = Probes::load()?;
+    row(
+        "raw graph, raw launch, raw sync (after the bench's Ctx)",
+        time(|| raw_launch(raw_exec, rs), || raw_sync(rs))?,
+    );
+    // A graph on a buffer of a 2 MiB allocation of its own, then on buffers allocated after
+    // 64 others of 4 KiB: placement, in this process.
+    let mut spread = Vec::new();
+    for n in [0usize, 64] {
+        let _filler = (0..n)
+            .map(|_| DeviceBuffer::<u32>::zeroed(N as usize))
+            .collect::<Result<Vec<_>>>()?;
+        let mut b = DeviceBuffer::<u32>::zeroed(if n == 0 { 1 << 19 } else { N as usize })?;
+        let g = s
+            .capture(CaptureMode::ThreadLocal, &mut b, |cap, b| {
+                for _ in 0..100 {
+                    let w = b.device_ptr_mut(cap.stream())?;
+                    // SAFETY: the guard's first N words, alive across the launch.
+                    unsafe { probes.bump(w.as_mut_ptr(), N, cap.stream())? };
+                }
+                Ok(())
+            })?
+            .instantiate()?;
+        g.upload(&s)?;
+        let t = time(|| g.launch(&s), || s.synchronize())?;
+        spread.push((n, t));
+        g.into_resources()?;
+    }
+    for (n, t) in spread {
+        row(
+            &format!("ours on a fresh buffer after {n} others of 4 KiB"),
+            t,
+        );
+    }
     let _ = exec.into_resources()?;
     // SAFETY: every launch was waited for; never used again.
     unsafe {
@@ -217,6 +269,19 @@ fn cudarc_side(
         block_dim: (BUMP_BLOCK, 1, 1),
         shared_mem_bytes: 0,
     };
+    // cudarc's eager rounds, as the bench runs them (220 x 100 launches on its slice), then the
+    // raw graph on the raw buffer.
+    for _ in 0..ROUNDS + WARMUP {
+        for _ in 0..100 {
+            // SAFETY: `cm_bump(u32*, u32)` with N words.
+            unsafe { cs.launch_builder(&f).arg(&mut e).arg(&N).launch(cfg) }.map_err(fail)?;
+        }
+        cs.synchronize().map_err(fail)?;
+    }
+    row(
+        "raw graph, raw launch, raw sync (after cudarc's eager rounds)",
+        time(|| raw_launch(raw_exec, s.as_raw()), || raw_sync(s.as_raw()))?,
+    );
     cs.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .map_err(fail)?;
     for _ in 0..100 {
