@@ -424,6 +424,14 @@ pub(crate) const GRAPH_MEMORY_KEPT: &str =
      memory is only valid inside its graph)";
 /// The misuse of swapping the resources (inside the capture's closure, or through
 /// `GraphExec::resources_mut` before a launch).
+/// The refusal of a launch (or upload) of an executable graph on a stream that is capturing:
+/// the launch would become a child-graph node of the capture, whose graph would not keep this
+/// graph's buffers (they stay borrowed by this one).
+pub(crate) const GRAPH_INTO_CAPTURE: &str =
+    "the stream is capturing: a graph launched there would become a node of the capture's graph, \
+     which would not keep this graph's buffers; launch it after the capture ends, or capture its \
+     work itself";
+
 pub(crate) const RESOURCES_CHANGED: &str =
     "the resources no longer name the buffers the graph captured (replaced inside the capture's \
      closure or through resources_mut): a graph must keep the buffers it captured; recapture \
@@ -694,6 +702,9 @@ impl<R: GraphResources> GraphExec<R> {
         // The handshake with capture begins, for the whole launch: a graph without resources
         // whose launches' mark is skipped (`None`) makes no other.
         let (_op, open) = capture::InOp::enter(stream.inner());
+        if open && capture::capture_of(stream.inner()).is_some() {
+            return Err(invalid_argument(OP, GRAPH_INTO_CAPTURE));
+        }
         self.res.marked(stream, || {
             let _launch = self.launches.mark(stream, open)?;
             // SAFETY: a live executable graph and stream. Its nodes use only the resources
@@ -778,6 +789,9 @@ impl<R: GraphResources> GraphExec<R> {
         Fence::check_queue(stream)?;
         // The handshake with capture begins (the upload marks no resource; see `launch`).
         let (_op, open) = capture::InOp::enter(stream.inner());
+        if open && capture::capture_of(stream.inner()).is_some() {
+            return Err(invalid_argument("GraphExec::upload", GRAPH_INTO_CAPTURE));
+        }
         let _launch = self.launches.mark(stream, open)?;
         // SAFETY: a live executable graph and stream.
         let code = unsafe { sys::cudaGraphUpload(self.exec, stream.inner().raw()) };

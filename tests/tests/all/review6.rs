@@ -122,8 +122,8 @@ fn review6_a_launcher_whose_stream_is_lent_later_refuses_a_foreign_capture() {
 
 /// This thread begins a capture on the launcher's own stream and launches through the launcher
 /// inside it. The graph's only resource, `&b`, is given to the capture too (so `b`'s fence lets
-/// the work through), yet the launch must be refused (the graph's launches are on a fence no
-/// capture is given) before anything is queued: not captured as a child-graph node. The
+/// the work through), yet the launch must be refused, with the reason that names it (a graph
+/// launched into a capture), before anything is queued: not captured as a child-graph node. The
 /// capture stays valid (only its memset, which replays), and the launcher launches after it.
 #[test]
 fn review6_a_launch_into_a_capture_of_its_own_stream_is_refused_and_the_capture_stays_valid() {
@@ -151,7 +151,7 @@ fn review6_a_launch_into_a_capture_of_its_own_stream_is_refused_and_the_capture_
                     let e = run
                         .launch()
                         .expect_err("a launch into a capture of its own stream was queued");
-                    assert_refused(&e, "the buffer was not given to this capture");
+                    assert_refused(&e, "the stream is capturing: a graph launched there");
                     x.memset_async(1, cap.stream())
                 },
             )
