@@ -28,7 +28,7 @@ use crate::error::invalid_argument;
 use crate::error::{check, Result};
 use crate::fence::capture::{self, Relaxed};
 use crate::fence::{Access, Fence, Hold, Use};
-use crate::handles::devices::Device;
+use crate::handles::devices::{Device, DeviceGuard};
 use crate::handles::event::Event;
 use crate::handles::stream::{Stream, StreamInner};
 use crate::kinds::registered::RegisteredVec;
@@ -298,7 +298,7 @@ impl Launches {
         {
             return Ok(None);
         }
-        self.marked_on.borrow_mut().take();
+        self.unmark();
         let u = self.fence.begin_checked(stream, (0, 1), Access::Write)?;
         if plain {
             *self.marked_on.borrow_mut() = Some(inner.clone());
@@ -306,9 +306,15 @@ impl Launches {
         Ok(Some(u))
     }
 
+    /// Forgets the stream of the last unrecorded mark: the next mark is made on the fence. For
+    /// every step that may record on the fence, or marks it otherwise (a launcher's hold).
+    fn unmark(&self) {
+        self.marked_on.borrow_mut().take();
+    }
+
     /// Waits for every launch.
     fn host_wait(&self) -> Result<()> {
-        self.marked_on.borrow_mut().take();
+        self.unmark();
         self.fence.host_wait(Access::Write)
     }
 
@@ -326,10 +332,8 @@ pub struct Launcher<'e, R: GraphResources> {
     exec: &'e GraphExec<R>,
     stream: &'e Stream,
     /// The marks standing for every launch (the graph's own fence, then each buffer's); empty
-    /// where `fast` is false.
-    _holds: Vec<Hold<'e>>,
-    /// Whether launches may take the short path (see `GraphExec::launcher`).
-    fast: bool,
+    /// where launches take the checked path (see `GraphExec::launcher`).
+    holds: Vec<Hold<'e>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -347,7 +351,7 @@ impl<R: GraphResources> Launcher<'_, R> {
     /// and nothing else. Otherwise [`GraphExec::launch`], with all its checks.
     pub fn launch(&mut self) -> Result<()> {
         let inner = self.stream.inner();
-        if !self.fast || inner.is_lent() {
+        if self.holds.is_empty() || inner.is_lent() {
             return self.exec.launch(self.stream);
         }
         let _g = inner.enter()?;
@@ -358,22 +362,19 @@ impl<R: GraphResources> Launcher<'_, R> {
             drop(op);
             return self.exec.launch(self.stream);
         }
-        // SAFETY: a live executable graph and stream. Its nodes use only the resources, which
-        // the graph keeps borrowed and the launcher borrows exclusively; their fences hold
-        // marks on this stream made after ordering it behind their pending work, in flight
-        // until the launcher drops, so nothing frees, touches or waits past this launch. No
-        // capture is open, and none can begin on this stream before the handshake ends.
-        let code = unsafe { sys::cudaGraphLaunch(self.exec.exec, inner.raw()) };
+        // SAFETY: the resources' fences hold marks on this stream, made after ordering it
+        // behind their pending work, in flight until the launcher (which borrows the graph
+        // exclusively) drops; the handshake is held and read no capture open.
+        let launched = unsafe { self.exec.raw_launch(self.stream) };
         drop(op);
-        check(code, || {
-            format!("cudaGraphLaunch({:p}, {:?})", self.exec.exec, self.stream)
-        })
+        launched
     }
 
-    /// Whether launches take the short path (no capture was open when it was made, on a
-    /// stream of the crate's own that is not a legacy default stream).
+    /// Whether launches take the short path: when it was made no capture was open and no
+    /// buffer was bound to one, on a stream of the crate's own that is not a legacy default
+    /// stream.
     pub fn is_fast(&self) -> bool {
-        self.fast
+        !self.holds.is_empty()
     }
 }
 
@@ -422,8 +423,6 @@ pub(crate) const LEGACY_CAPTURE: &str =
 pub(crate) const GRAPH_MEMORY_KEPT: &str =
     "buffers allocated inside the capture outlive it: free them inside the closure (graph \
      memory is only valid inside its graph)";
-/// The misuse of swapping the resources (inside the capture's closure, or through
-/// `GraphExec::resources_mut` before a launch).
 /// The refusal of a launch (or upload) of an executable graph on a stream that is capturing:
 /// the launch would become a child-graph node of the capture, whose graph would not keep this
 /// graph's buffers (they stay borrowed by this one).
@@ -431,7 +430,8 @@ pub(crate) const GRAPH_INTO_CAPTURE: &str =
     "the stream is capturing: a graph launched there would become a node of the capture's graph, \
      which would not keep this graph's buffers; launch it after the capture ends, or capture its \
      work itself";
-
+/// The misuse of swapping the resources (inside the capture's closure, or through
+/// `GraphExec::resources_mut` before a launch).
 pub(crate) const RESOURCES_CHANGED: &str =
     "the resources no longer name the buffers the graph captured (replaced inside the capture's \
      closure or through resources_mut): a graph must keep the buffers it captured; recapture \
@@ -695,27 +695,49 @@ impl<R: GraphResources> GraphExec<R> {
     /// open): for each buffer, the fence's lock-free path (two atomic read-modify-writes and
     /// no runtime call), and nothing else: no allocation, no lock, no runtime call.
     pub fn launch(&self, stream: &Stream) -> Result<()> {
-        const OP: &str = "GraphExec::launch";
-        self.check_resources(OP)?;
-        let _g = stream.inner().enter()?;
-        Fence::check_queue(stream)?;
-        // The handshake with capture begins, for the whole launch: a graph without resources
-        // whose launches' mark is skipped (`None`) makes no other.
-        let (_op, open) = capture::InOp::enter(stream.inner());
-        if open && capture::capture_of(stream.inner()).is_some() {
-            return Err(invalid_argument(OP, GRAPH_INTO_CAPTURE));
-        }
+        let (_g, _op, open) = self.enter_queue("GraphExec::launch", stream)?;
         self.res.marked(stream, || {
             let _launch = self.launches.mark(stream, open)?;
-            // SAFETY: a live executable graph and stream. Its nodes use only the resources
-            // (the capture refused other buffers, and graph memory is freed inside the graph),
-            // which `self` keeps borrowed, whose fences order this launch after their pending
-            // work and record it (`marked`: in flight until the launch is queued), so nothing
-            // frees or touches them while it runs.
-            let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
-            check(code, || {
-                format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
-            })
+            // SAFETY: the resources' fences order this launch after their pending work and
+            // record it (`marked`: in flight until the launch is queued); the handshake is held.
+            unsafe { self.raw_launch(stream) }
+        })
+    }
+
+    /// What queueing the graph's work on `stream` begins with (`op` names it in refusals): the
+    /// resources checked, the stream's device current, the stream checked, and the handshake
+    /// with capture begins entered, for the whole call (a graph without resources whose
+    /// launches' mark is skipped makes no other), with what it read of the open captures. A
+    /// stream that is capturing is refused (`GRAPH_INTO_CAPTURE`).
+    fn enter_queue(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+    ) -> Result<(Option<DeviceGuard>, capture::InOp, bool)> {
+        self.check_resources(op)?;
+        let g = stream.inner().enter()?;
+        Fence::check_queue(stream)?;
+        let (in_op, open) = capture::InOp::enter(stream.inner());
+        if open && capture::capture_of(stream.inner()).is_some() {
+            return Err(invalid_argument(op, GRAPH_INTO_CAPTURE));
+        }
+        Ok((g, in_op, open))
+    }
+
+    /// `cudaGraphLaunch` of the graph on `stream`.
+    ///
+    /// # Safety
+    /// The resources' fences must hold this launch's marks on `stream` (made after ordering
+    /// it behind their pending work) until it is queued, and the caller must hold the
+    /// handshake with capture begins for `stream` (having read no capture on it). Then the
+    /// nodes, which use only the resources (the capture refused other buffers, and graph
+    /// memory is freed inside the graph), touch nothing that is freed, touched or waited past
+    /// while they run.
+    unsafe fn raw_launch(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: a live executable graph and stream; the rest as the caller guarantees.
+        let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
+        check(code, || {
+            format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
         })
     }
 
@@ -752,7 +774,7 @@ impl<R: GraphResources> GraphExec<R> {
         if fast {
             // Marks made through a hold are recorded like any other; the launches' own fast
             // path must not count on an earlier unrecorded mark.
-            this.launches.marked_on.borrow_mut().take();
+            this.launches.unmark();
             let mut failed = Ok(());
             let mut hold = |fence: &'e Fence, range, access| {
                 if fast && failed.is_ok() {
@@ -776,22 +798,15 @@ impl<R: GraphResources> GraphExec<R> {
         Ok(Launcher {
             exec: this,
             stream,
-            _holds: holds,
-            fast,
+            holds,
             _not_send: PhantomData,
         })
     }
 
     /// Uploads the graph to the device ahead of its first launch (`cudaGraphUpload`).
     pub fn upload(&self, stream: &Stream) -> Result<()> {
-        self.check_resources("GraphExec::upload")?;
-        let _g = stream.inner().enter()?;
-        Fence::check_queue(stream)?;
-        // The handshake with capture begins (the upload marks no resource; see `launch`).
-        let (_op, open) = capture::InOp::enter(stream.inner());
-        if open && capture::capture_of(stream.inner()).is_some() {
-            return Err(invalid_argument("GraphExec::upload", GRAPH_INTO_CAPTURE));
-        }
+        // (The upload marks no resource: the handshake of `enter_queue` is its only one.)
+        let (_g, _op, open) = self.enter_queue("GraphExec::upload", stream)?;
         let _launch = self.launches.mark(stream, open)?;
         // SAFETY: a live executable graph and stream.
         let code = unsafe { sys::cudaGraphUpload(self.exec, stream.inner().raw()) };
@@ -964,13 +979,6 @@ mod tests {
         marked.get()
     }
 
-    /// The steady state of replays on one stream takes no lock: the resources' fences take
-    /// their lock-free path, and the launches' fence is not marked again (a re-mark, or a
-    /// mark through `Fence::mark`, would take its lock every time). The first launch marks
-    /// every fence, the launches' one included; a wait on the launches makes the next launch
-    /// mark it anew (a launch after a wait left unmarked would be missed by the next wait
-    /// and by drop). (One stream only: a second would make the fences record on the stand-in
-    /// handle.)
     /// What a launch reads of its `GraphExec` in the steady state (the handle, `checked`, the
     /// resources, `marked_on`) is one cache line, for resources of up to three buffers (the
     /// launch comes after a synchronize that evicted it).
@@ -991,6 +999,13 @@ mod tests {
         assert!(marked_on + size_of::<std::cell::RefCell<Option<std::sync::Arc<u8>>>>() <= 64);
     }
 
+    /// The steady state of replays on one stream takes no lock: the resources' fences take
+    /// their lock-free path, and the launches' fence is not marked again (a re-mark, or a
+    /// mark through `Fence::mark`, would take its lock every time). The first launch marks
+    /// every fence, the launches' one included; a wait on the launches makes the next launch
+    /// mark it anew (a launch after a wait left unmarked would be missed by the next wait
+    /// and by drop). (One stream only: a second would make the fences record on the stand-in
+    /// handle.)
     #[test]
     #[cfg_attr(
         miri,
