@@ -50,6 +50,13 @@ pub struct PointerInfo {
     pub device_ptr: usize,
 }
 
+/// Whether `p` is ordinary host memory the driver does not know (not pinned, registered,
+/// mapped or managed); false where the runtime cannot say. A slice lies in one allocation, so
+/// its first element tells for all of it.
+pub(crate) fn is_unregistered_host<T>(p: *const T) -> bool {
+    pointer_info(p).is_ok_and(|i| i.kind == PointerKind::UnregisteredHost)
+}
+
 /// Classifies `ptr` with `cudaPointerGetAttributes`. Any address is accepted: memory CUDA does
 /// not know is [`PointerKind::UnregisteredHost`].
 pub fn pointer_info<T>(ptr: *const T) -> Result<PointerInfo> {

@@ -73,8 +73,8 @@ where
     // tracking it. So the host pointer is asked first (`cudaPointerGetAttributes`, a fraction
     // of the copy's cost) and only truly pageable memory takes this path.
     let pageable = match (src.loc(), dst.loc()) {
-        (Loc::Pageable, Loc::Device) => is_unregistered_host(s),
-        (Loc::Device, Loc::Pageable) => is_unregistered_host(d),
+        (Loc::Pageable, Loc::Device) => crate::handles::pointer::is_unregistered_host(s),
+        (Loc::Device, Loc::Pageable) => crate::handles::pointer::is_unregistered_host(d),
         _ => false,
     };
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
@@ -115,13 +115,6 @@ where
         }
     }
     result
-}
-
-/// Whether `p` is ordinary host memory the driver does not know (not pinned, registered,
-/// mapped or managed); false where the runtime cannot say.
-fn is_unregistered_host<T>(p: *const T) -> bool {
-    crate::handles::pointer::pointer_info(p)
-        .is_ok_and(|i| i.kind == crate::handles::pointer::PointerKind::UnregisteredHost)
 }
 
 /// Orders a synchronous copy after pending work on one side. Device memory is touched only

@@ -321,16 +321,6 @@ where
     }
 }
 
-/// Whether host memory at `p` is ordinary pageable memory CUDA does not know
-/// (`cudaPointerGetAttributes`: well under a microsecond, against the millisecond or more of
-/// a copy large enough to stage). Pinned memory is better copied by DMA directly, and the
-/// workers must not touch managed memory the GPU may be using. A slice lies in one
-/// allocation, so its first element tells for all of it.
-fn is_pageable<T>(p: *const T) -> bool {
-    crate::handles::pointer::pointer_info(p)
-        .is_ok_and(|i| i.kind == crate::PointerKind::UnregisteredHost)
-}
-
 /// Whether [`copy`](crate::copy) stages large pageable copies (see [`set_auto_staging`]).
 static AUTO: AtomicBool = AtomicBool::new(true);
 

@@ -12,13 +12,14 @@ use bytemuck::Pod;
 use super::config::StagingConfig;
 use super::pipeline::{run_part, Job, JobParams, Lanes, PartDone};
 use super::tune::{LargeCopyChoice, Tuner};
-use super::{is_pageable, lock, Dir};
+use super::{lock, Dir};
 use crate::alloc::pinned_pool::PinnedPool;
 use crate::contract::memory::{sealed, Memory, MemoryMut};
 use crate::contract::size;
 use crate::error::{Error, Misuse, Result};
 use crate::fence::Access;
 use crate::handles::devices::current_ordinal;
+use crate::handles::pointer::is_unregistered_host;
 use crate::ops::copy::{self, Plan};
 
 /// A job and the index of the part of it a worker takes.
@@ -210,7 +211,11 @@ impl Stager {
             Dir::ToDevice => src.raw_ptr(),
             Dir::ToHost => dst.raw_ptr(),
         };
-        if !is_pageable(host) {
+        // Only ordinary pageable memory is staged (`cudaPointerGetAttributes`: well under a
+        // microsecond, against the millisecond or more of a copy large enough to stage):
+        // pinned memory is better copied by DMA directly, and the workers must not touch
+        // managed memory the GPU may be using.
+        if !is_unregistered_host(host) {
             return copy::copy_planned(dst, src, plan);
         }
         self.copy_bytes(dst, src, &plan, dir, &cfg)
