@@ -728,7 +728,7 @@ pub(crate) fn alloc_for<T>(
     let (raw, pooled, mut fence) = alloc(pool, layout.bytes(), stream, op)?;
     // The pool and the fence stay where they are (borrowed by the refusal's free only): a
     // fence is a few cache lines, and every move of it costs a copy on this hot path.
-    let (ptr, ()) = layout.place_owned(raw.as_ptr(), "cudaMallocFromPoolAsync", (), |p, ()| {
+    let ptr = layout.place(raw.as_ptr(), "cudaMallocFromPoolAsync", |p| {
         pooled.free(p.as_ptr(), layout.bytes(), &mut fence)
     })?;
     Ok((ptr, pooled, fence))

@@ -113,8 +113,8 @@ impl<T> Layout<T> {
             .map(|(p, ())| p)
     }
 
-    /// [`place`](Self::place) for an allocation that `owner` owns (a pool block, a pooled
-    /// allocation's pool and fence): returned with the address when it is aligned, else handed
+    /// [`place`](Self::place) for an allocation that `owner` owns (a pinned pool's block):
+    /// returned with the address when it is aligned, else handed
     /// to `free` with it. On a null address the owner is dropped (it owns nothing).
     pub(crate) fn place_owned<U, O>(
         &self,
