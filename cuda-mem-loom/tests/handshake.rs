@@ -7,8 +7,9 @@
 //! never lands in the capture. An operation that sees `OPEN` raised looks the capture up in the
 //! registry (where the capture put itself before raising `OPEN`) and is refused. The model
 //! runtime notes a call made while the stream is capturing that the operation did not know of.
-//! Three mutations of the protocol (the operation reading `OPEN` before entering its slot, the
-//! capture not waiting, the capture registering only after it began) are each caught.
+//! Four mutations of the protocol (the operation reading `OPEN` before entering its slot, the
+//! capture not waiting, the capture registering only after it began, the operation's side of
+//! the barrier left out, for a plain and a nested operation) are each caught.
 
 use cuda_mem_loom::handshake::{enter_and_read, wait_for_ops, Barrier, Slot};
 use loom::sync::atomic::{fence, AtomicUsize, Ordering};

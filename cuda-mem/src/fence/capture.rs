@@ -475,6 +475,14 @@ fn in_op() -> bool {
     FAST.with(|f| f.get().is_some_and(|(s, _)| !s.is_idle()))
 }
 
+/// The capture side of the handshake for the stream `id`, once the capture is registered
+/// (for a begin, and the count raised): the barrier, then the wait for the operations in
+/// flight there ([`wait_for_ops`]).
+fn hold_off_ops(b: Barrier, id: usize) -> Result<()> {
+    capture_barrier(b)?;
+    wait_for_ops(id)
+}
+
 /// The capture side of the handshake, after [`OPEN`] rose and [`capture_barrier`]: waits
 /// until every other thread's operation on the stream `id` (or on several) that was in flight
 /// has returned. The calling thread's own slot is skipped ([`begin`] refuses where it is busy
@@ -629,7 +637,7 @@ pub(crate) fn join(token: u64, s: &Arc<StreamInner>) -> Result<bool> {
         _ => false,
     };
     if newly {
-        if let Err(e) = capture_barrier(barrier()).and_then(|()| wait_for_ops(stream_id(s))) {
+        if let Err(e) = hold_off_ops(barrier(), stream_id(s)) {
             unjoin(token, s);
             return Err(e);
         }
@@ -796,8 +804,7 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
     // Registered first, then raised (release: an operation that sees the count sees the
     // entry), then the capture side of the handshake.
     OPEN.fetch_add(1, Ordering::SeqCst);
-    let began = capture_barrier(barrier).and_then(|()| {
-        wait_for_ops(id)?;
+    let began = hold_off_ops(barrier, id).and_then(|()| {
         // SAFETY: a live stream handle (the caller's borrow keeps it); the mode is a valid
         // value.
         let code = unsafe { sys::cudaStreamBeginCapture(origin.raw(), mode) };

@@ -335,10 +335,11 @@ impl Fence {
         // The waits it queues are in flight until it returns (the caller's own work after it
         // is not covered: see docs/graphs.md).
         let (_op, open) = InOp::enter(stream.inner());
-        if open || self.capture.load(Ordering::Relaxed) != 0 {
-            let _join = self.capture_gate(stream.inner())?;
-            return self.core.order(stream.inner(), bytes, access);
-        }
+        let _join = if open || self.capture.load(Ordering::Relaxed) != 0 {
+            self.capture_gate(stream.inner())?
+        } else {
+            None
+        };
         self.core.order(stream.inner(), bytes, access)
     }
 
@@ -438,6 +439,8 @@ impl Fence {
             return Ok(None);
         };
         let (op, open) = InOp::enter(origin);
+        // (A join permit, where the gate gives one, lasts until the free is ordered.)
+        let mut _join = None;
         if bound & GRAPH_MEMORY != 0 {
             let token = bound & !GRAPH_MEMORY;
             let origin_in = capture_of(origin) == Some(token);
@@ -448,7 +451,7 @@ impl Fence {
             if is_legacy(origin) {
                 return Err(invalid_argument("free", capture::LEGACY_DURING_CAPTURE));
             }
-            let _join = self.capture_gate(origin)?;
+            _join = self.capture_gate(origin)?;
         }
         let s = self.core.order_origin_mut(bytes, access)?;
         Ok(s.map(|s| OnOrigin {
