@@ -152,22 +152,23 @@ struct Cu {
 }
 
 impl Cu {
-    /// `image`: the `--kernel-image` file's bytes, else the probes' PTX is loaded.
-    fn new(device: Device, init: &[u32], image: Option<&[u8]>) -> Result<Cu> {
+    /// `image`: the `--kernel-image` file's bytes, else the probes' PTX is loaded; `name`:
+    /// the kernel's name there ([`Tiny::name`]).
+    fn new(device: Device, init: &[u32], image: Option<&[u8]>, name: &str) -> Result<Cu> {
         let ctx = context(device)?;
         let cs = cu(ctx.new_stream(), "new_stream")?;
-        let (ptx, name) = match image {
+        let ptx = match image {
             // cuModuleLoadData reads a cubin or fatbin as it is, PTX up to its NUL.
             Some(bytes) => {
                 let mut data = bytes.to_vec();
                 data.push(0);
-                (cudarc::nvrtc::Ptx::from_binary(data), "bump")
+                cudarc::nvrtc::Ptx::from_binary(data)
             }
             None => {
                 let src = PROBE_PTX
                     .to_str()
                     .map_err(|e| refused(format!("the probes' PTX is not UTF-8: {e}")))?;
-                (cudarc::nvrtc::Ptx::from_src(src), "cm_bump")
+                cudarc::nvrtc::Ptx::from_src(src)
             }
         };
         let module = cu(ctx.load_module(ptx), "load_module")?;
@@ -224,8 +225,9 @@ impl Cu {
             shared_mem_bytes: 0,
         };
         let kernel = |e: &mut CudaSlice<u32>| {
-            // SAFETY: `cm_bump(u32* p, u32 n)` with cudarc's slice of N `u32` and `n` = N;
-            // cudarc orders and records the launch on the slice's events.
+            // SAFETY: the probes' `cm_bump(u32* p, u32 n)`, or graphs.cu's `bump(unsigned*, int)`
+            // from `--kernel-image` (a 32-bit count either way), with cudarc's slice of N `u32`
+            // and `n` = N; cudarc orders and records the launch on the slice's events.
             unsafe { cs.launch_builder(f).arg(e).arg(&n).launch(cfg) }.map(drop)
         };
         if kernels_only {
@@ -474,16 +476,14 @@ fn cudarc_graphs(
 /// Replays in rotating order of three sides: ours (`ours(k)` launches the graph of placement
 /// `k`), the raw launch of the same executable graphs (`raws`), and cudarc's `graphs`; the
 /// measured rounds go through the placements in blocks of equal length, every side replaying
-/// the graphs of the block's placement. Adds the replays per
-/// placement, all sides together, to `launched` (cudarc's only where they run on cuda-mem's
-/// memory: `on_ours`).
+/// the graphs of the block's placement. Adds the replays per placement, all sides together,
+/// to `launched`.
 fn replays(
     s: &Stream,
     cudarc: Option<&Cu>,
     raws: &[sys::cudaGraphExec_t],
     ours: &mut dyn FnMut(usize) -> Result<()>,
     graphs: &[CudaGraph],
-    on_ours: bool,
     launched: &mut [usize],
 ) -> Result<Replays> {
     let mut t = Replays {
@@ -516,9 +516,8 @@ fn replays(
                     || s.synchronize(),
                 )?,
                 _ => {
-                    let (Some(c), Some(g)) =
-                        (cudarc, graphs.get(k.min(graphs.len().saturating_sub(1))))
-                    else {
+                    // (cudarc's graphs: none, or one per placement.)
+                    let (Some(c), Some(g)) = (cudarc, graphs.get(k)) else {
                         continue;
                     };
                     t.cudarc.sample(
@@ -526,10 +525,6 @@ fn replays(
                         || cu(g.launch(), "CudaGraph::launch"),
                         || cu(c.cs.synchronize(), "synchronize"),
                     )?;
-                    if on_ours {
-                        launched[k] += 1;
-                    }
-                    continue;
                 }
             }
             launched[k] += 1;
@@ -566,7 +561,6 @@ fn graph_rows<R: GraphResources>(
     }
     s.synchronize()?;
     let theirs = cudarc_graphs(res, kernels_only, cudarc, views)?;
-    let on_ours = !views.is_empty();
     let raws: Vec<_> = execs.iter().map(GraphExec::as_raw).collect();
     let mut launched = vec![0usize; execs.len()];
     let c = cudarc.as_ref();
@@ -576,7 +570,6 @@ fn graph_rows<R: GraphResources>(
         &raws,
         &mut |k| execs[k].launch(s),
         &theirs,
-        on_ours,
         &mut launched,
     )?;
     let looped = {
@@ -584,15 +577,7 @@ fn graph_rows<R: GraphResources>(
             .iter_mut()
             .map(|e| e.launcher(s))
             .collect::<Result<Vec<_>>>()?;
-        replays(
-            s,
-            c,
-            &raws,
-            &mut |k| ls[k].launch(),
-            &theirs,
-            on_ours,
-            &mut launched,
-        )?
+        replays(s, c, &raws, &mut |k| ls[k].launch(), &theirs, &mut launched)?
     };
     drop(theirs);
     for exec in execs {
@@ -605,6 +590,7 @@ fn graph_rows<R: GraphResources>(
         &plain,
         "GraphExec::launch",
         "graph",
+        true,
     );
     report(
         res,
@@ -613,12 +599,13 @@ fn graph_rows<R: GraphResources>(
         &looped,
         "Launcher::launch",
         "graph (launcher)",
+        false,
     );
     Ok(launched)
 }
 
-/// The progress lines of one sequence's replays through `how`, and its rows: the eager ones
-/// (once: with the plain launches) and those of the graph, named `graph`.
+/// The progress lines of one sequence's replays through `how`, and its rows: those of the
+/// graph, named `graph`, after the eager ones where `with_eager` (once per sequence).
 fn report(
     res: &mut BenchResults,
     kernels_only: bool,
@@ -626,6 +613,7 @@ fn report(
     g: &Replays,
     how: &str,
     graph: &str,
+    with_eager: bool,
 ) {
     let (test, _) = names(kernels_only);
     let (eh, ee) = eager.0.medians_us();
@@ -653,7 +641,7 @@ fn report(
             cge / ce
         ));
     }
-    if graph == "graph" {
+    if with_eager {
         rows(res, test, "eager", &eager.0, &eager.1);
     }
     rows(res, test, graph, &g.ours, &g.cudarc);
@@ -686,7 +674,7 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
     let device = Device::current()?;
     // cudarc's side anew for each sequence: fresh slices, whose events no capture recorded.
     let cudarc_side = |res: &mut BenchResults| {
-        let setup = Cu::new(device, &init, bytes.as_deref());
+        let setup = Cu::new(device, &init, bytes.as_deref(), tiny.name());
         super::attempt(res, &["cudarc"], "graphs cudarc setup", setup)
     };
 
@@ -763,7 +751,8 @@ fn raw_reference(tiny: Tiny<'_>, when: &str) -> Result<()> {
         cuda_mem::check(unsafe { sys::cudaMemset(e, 0, N * 4) }, || {
             "cudaMemset".into()
         })?;
-        // SAFETY: the legacy stream, to order the memset before the capture's stream.
+        // SAFETY: no arguments (waits for the memset above, queued on the legacy stream, before
+        // the capture's stream uses the buffer).
         cuda_mem::check(unsafe { sys::cudaDeviceSynchronize() }, || "sync".into())?;
         let mode = sys::cudaStreamCaptureMode::cudaStreamCaptureModeThreadLocal;
         // SAFETY: a live stream of this function's own.
