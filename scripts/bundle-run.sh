@@ -84,6 +84,8 @@ for exe in "$here"/bin/*; do
     [ $memcheck = 1 ] && [ "$(basename "$exe")" = graphs_diag ] && continue
     name=$(basename "$exe")
     cmd=("$exe")
+    # (graphs_diag writes its graphs' DOT files into the directory it is given.)
+    [ "$name" = graphs_diag ] && cmd+=("$log_dir")
     [ $memcheck = 1 ] && cmd=("${sanitizer[@]}" "$exe")
     if "${cmd[@]}" >"$log_dir/example-$name.log" 2>&1; then
       passed=$((passed + 1)); printf '%-40s ok\n' "example $name"

@@ -66,7 +66,7 @@ bench)
   t=$(date +%s)
   timeout "${BENCH2_SECS:-200}" "$cm" bench --sections graphs,peers,host,shmoo --json "$out/bench2.json" \
     >"$out/bench2-run.txt" 2>&1; echo "bench2 rc=$? $(secs "$t") s"
-  grep -E 'graph nodes|cuda-mem launch / raw|x cudarc|failed|staged_vs_pinned|band|lowest|Verified' \
+  grep -E 'graph nodes|/ raw:|x cudarc|failed|staged_vs_pinned|band|lowest|Verified' \
     "$out/bench2-run.txt" | cut -c1-150 | head -70
   timeout 60 "$py" scripts/torch-ref.py --bench "$out/bench2.json" --json "$out/torch-ref.json" \
     >"$out/torch-ref.txt" 2>&1; echo "torch-ref rc=$?"

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The GPU calls of the third round on issue 22 (one H200), from the repository root over bundle/
-# (scripts/bundle.sh; ../shared/refbench copied to bundle/refbench/). Logs go to $OUT, tarred.
+# (scripts/bundle.sh; ../shared/refbench copied to bundle/refbench/; for `final`, bundle/old/
+# tests-all: `cargo test --release -p cuda-mem-tests --test all --no-run` in a worktree of
+# 7d4f9a4, the executable copied there). Logs go to $OUT, tarred.
 #
 #   scripts/gpu-round3.sh diag     # where the 100-kernel graph's time goes (scripts/diag/
-#                                  # kdiag.cu: the same kernel from five images), graphs.cu,
+#                                  # kdiag.cu: the same kernel from seven images), graphs.cu,
 #                                  # `cuda-mem bench --sections graphs`, tests-all
+#   scripts/gpu-round3.sh diag2    # graphs_diag (bundle/cuda-13.0/bin) and graphs.cu
+#   scripts/gpu-round3.sh placed   # scripts/diag/placed.cu, graphs.cu, the bench's graphs section
+#                                  # with the probes' PTX and with graphs.cu's cubin
 #   scripts/gpu-round3.sh bench    # graphs.cu and `cuda-mem bench --sections graphs,calls`
 #                                  # interleaved, three times each
 #   scripts/gpu-round3.sh final    # run.sh (every test), the review's races before their fixes,

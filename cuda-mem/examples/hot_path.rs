@@ -180,7 +180,7 @@ impl Counters {
     }
 
     /// The calls `f` makes on this thread, by name; under callgrind, its counts are dumped
-    /// as `label` (`scripts/fakecudart/cachegrind.sh` reads them).
+    /// as `label` (`CACHE=1 scripts/fakecudart/run.sh` reads them, through `cache.py`).
     fn of(&self, label: &str, f: impl FnOnce() -> Result<()>) -> Result<BTreeMap<String, u64>> {
         let label = std::ffi::CString::new(label).expect("no NUL in labels");
         // SAFETY: the fake's functions: no arguments, and a NUL-terminated name.

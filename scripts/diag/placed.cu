@@ -5,8 +5,7 @@
 //
 // `placed [P]`: P consecutive 4 KiB cudaMalloc buffers after graphs.cu's own allocations (a
 // pinned 4 KiB, a 4 KiB device buffer), one graph per buffer; 200 rounds after 20 warm-up,
-// round r replaying the graph of buffer r % P (as `cuda-mem bench --sections graphs` replays
-// its sides); prints the median host and end-to-end time per buffer and over all rounds, then
+// round r replaying the graph of buffer r % P; prints the median host and end-to-end time per buffer and over all rounds, then
 // a sweep of offsets inside one 64 MiB allocation, and each buffer's data check.
 #include <cstdio>
 #include <vector>

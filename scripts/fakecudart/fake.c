@@ -70,7 +70,7 @@ __attribute__((constructor)) static void evict_init(void) {
         evict_buf = b;
     }
 }
-/* Under valgrind's callgrind (cachegrind.sh): dumps the counts (instructions, cache misses)
+/* Under valgrind's callgrind (run.sh with CACHE=1): dumps the counts (instructions, cache misses)
  * since the last mark under the name `name`, and zeroes them. A no-op outside valgrind. */
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>

@@ -25,10 +25,11 @@ if [ -z "$cuda12" ] || [ ! -f "$cuda12/include/cuda_runtime_api.h" ]; then
   exit 2
 fi
 export CUDA_PATH="$cuda12"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/fakecudart}"
+# Absolute: cargo runs in the repository root below, the paths are read from here.
+export CARGO_TARGET_DIR="$(realpath -m "${CARGO_TARGET_DIR:-$root/target/fakecudart}")"
 # Symbols for perf; the release profile strips them.
 export CARGO_PROFILE_RELEASE_STRIP=none CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
-out="${OUT:-$CARGO_TARGET_DIR/fakecudart}"
+out="$(realpath -m "${OUT:-$CARGO_TARGET_DIR/fakecudart}")"
 mkdir -p "$out"
 cc -shared -fPIC -O2 -Wall -I"$cuda12/include" -o "$out/libfakecudart.so" "$here/fake.c"
 (cd "$root" && cargo build --release -p cuda-mem --features measure --example hot_path)
