@@ -271,6 +271,18 @@ struct Recorded<B: Backend> {
     waited: Vec<(B::Stream, u64)>,
 }
 
+impl<B: Backend> Recorded<B> {
+    /// Whether this stream has waited for the entry `t` as it is now (its stream, at its
+    /// current `marked`): a conflict with it needs no second wait. The one test of
+    /// `order_locked` and of the publication beside waited entries (`publish`), which must
+    /// agree for the lock-free path to be sound.
+    fn has_waited_for(&self, t: &Entry<B>) -> bool {
+        self.waited
+            .iter()
+            .any(|(s, m)| B::same(s, &t.stream) && *m == t.marked)
+    }
+}
+
 impl<B: Backend> Default for Recorded<B> {
     fn default() -> Self {
         Recorded {
@@ -542,13 +554,9 @@ impl<B: Backend> Tracker<B> {
         } else {
             Access::Read
         };
-        let waited = e.rec.as_deref().map_or(&[][..], |r| &r.waited[..]);
+        let rec = e.rec.as_deref();
         let clear = st.entries.iter().enumerate().all(|(j, t)| {
-            j == i
-                || !t.conflicts((lo, hi), widest)
-                || waited
-                    .iter()
-                    .any(|(s, m)| B::same(s, &t.stream) && *m == t.marked)
+            j == i || !t.conflicts((lo, hi), widest) || rec.is_some_and(|r| r.has_waited_for(t))
         });
         if !clear {
             return;
@@ -782,17 +790,13 @@ impl<B: Backend> Tracker<B> {
                 i += 1;
                 continue;
             }
-            let key = (e.stream.clone(), e.marked);
             let already = st
                 .entries
                 .iter()
                 .find(|t| B::same(&t.stream, stream))
                 .and_then(|t| t.rec.as_deref())
-                .is_some_and(|r| {
-                    r.waited
-                        .iter()
-                        .any(|(s, m)| B::same(s, &key.0) && *m == key.1)
-                });
+                .is_some_and(|r| r.has_waited_for(e));
+            let key = (e.stream.clone(), e.marked);
             if already {
                 i += 1;
                 continue;
