@@ -268,19 +268,31 @@ fn spawn(w: &Arc<World>, f: impl FnOnce(Arc<World>) + Send + 'static) -> thread:
     thread::spawn(move || f(w))
 }
 
+/// Runs `a` and `b` on two threads at once (spawned in this order) and waits for both.
+fn race(
+    w: &Arc<World>,
+    a: impl FnOnce(Arc<World>) + Send + 'static,
+    b: impl FnOnce(Arc<World>) + Send + 'static,
+) {
+    let (a, b) = (spawn(w, a), spawn(w, b));
+    a.join().unwrap();
+    b.join().unwrap();
+}
+
 /// The failure of the old fence: two threads copy out of one buffer on two streams (reads);
 /// afterwards a host write must wait for both.
 #[test]
 fn readers_on_two_threads_then_a_host_write_waits_for_both() {
     model(|| {
         let w = World::new(2);
-        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
-        let b = spawn(&w, |w| {
-            w.queue(1, ALL, Access::Read);
-            w.queue(1, ALL, Access::Read);
-        });
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, ALL, Access::Read),
+            |w| {
+                w.queue(1, ALL, Access::Read);
+                w.queue(1, ALL, Access::Read);
+            },
+        );
         w.host(Access::Write);
     });
 }
@@ -309,10 +321,11 @@ fn host_reads_beside_gpu_readers_then_a_writer() {
 fn disjoint_writers_then_readers() {
     model(|| {
         let w = World::new(3);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Write),
+            |w| w.queue(1, (32, 64), Access::Write),
+        );
         w.queue(2, (0, 64), Access::Read);
         {
             let g = w.gpu.lock().unwrap();
@@ -334,10 +347,11 @@ fn failing_records_leave_nothing_unseen() {
         let w = World::new(2);
         w.queue(0, ALL, Access::Write);
         w.gpu.lock().unwrap().fail_records = 2;
-        let a = spawn(&w, |w| w.queue(1, ALL, Access::Read));
-        let b = spawn(&w, |w| w.host(Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(1, ALL, Access::Read),
+            |w| w.host(Access::Read),
+        );
         w.host(Access::Write);
     });
 }
@@ -390,13 +404,14 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
     model(|| {
         let w = World::new(2);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
-        let b = spawn(&w, |w| {
-            w.queue(1, ALL, Access::Read);
-            w.host(Access::Read);
-        });
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, ALL, Access::Read),
+            |w| {
+                w.queue(1, ALL, Access::Read);
+                w.host(Access::Read);
+            },
+        );
         w.queue(1, ALL, Access::Write);
         w.host(Access::Write);
     });
@@ -412,13 +427,14 @@ fn an_event_recorded_beside_work_in_flight_covers_nothing_new() {
 fn pooled_allocation_marked_at_birth_and_freed_through_an_exclusive_borrow() {
     model(|| {
         let mut w = World::pooled(3);
-        let a = spawn(&w, |w| w.queue(1, ALL, Access::Read));
-        let b = spawn(&w, |w| {
-            w.queue(2, (0, 32), Access::Read);
-            w.host(Access::Read);
-        });
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(1, ALL, Access::Read),
+            |w| {
+                w.queue(2, (0, 32), Access::Read);
+                w.host(Access::Read);
+            },
+        );
         // Drop: the owner is the only one left.
         World::free_pooled(&mut w);
     });
@@ -451,10 +467,11 @@ fn a_failed_record_beside_work_in_flight_on_the_same_stream_forgets_nothing() {
         let w = World::new(1);
         w.queue(0, ALL, Access::Write);
         w.gpu.lock().unwrap().fail_records = 1;
-        let a = spawn(&w, |w| w.queue(0, ALL, Access::Read));
-        let b = spawn(&w, |w| w.host(Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, ALL, Access::Read),
+            |w| w.host(Access::Read),
+        );
         w.host(Access::Write);
     });
 }
@@ -467,16 +484,17 @@ fn a_failed_record_beside_work_in_flight_on_the_same_stream_forgets_nothing() {
 fn a_leaked_guard_is_settled_by_the_next_exclusive_access() {
     model(|| {
         let mut w = World::new(2);
-        let a = spawn(&w, |w| {
-            w.fence
-                .begin(&w.streams[0], ALL, Access::Read)
-                .expect("the model's waits do not fail");
-            w.enqueue(0, ALL, Access::Read);
-            // No `end`: the guard was leaked.
-        });
-        let b = spawn(&w, |w| w.queue(1, (0, 32), Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| {
+                w.fence
+                    .begin(&w.streams[0], ALL, Access::Read)
+                    .expect("the model's waits do not fail");
+                w.enqueue(0, ALL, Access::Read);
+                // No `end`: the guard was leaked.
+            },
+            |w| w.queue(1, (0, 32), Access::Read),
+        );
         let w = Arc::get_mut(&mut w).expect("the owner is the only one left");
         w.fence.exclusive();
         w.host(Access::Write);
@@ -498,10 +516,11 @@ fn a_fast_begin_beside_a_host_read_keeps_its_marks() {
     model(|| {
         let w = World::new(1);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Read));
-        let b = spawn(&w, |w| w.host(Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Read),
+            |w| w.host(Access::Read),
+        );
         w.host(Access::Write);
     });
 }
@@ -516,10 +535,11 @@ fn a_fast_write_beside_another_streams_writer_on_the_other_half() {
     model(|| {
         let w = World::new(2);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Write),
+            |w| w.queue(1, (32, 64), Access::Write),
+        );
         w.queue(1, (0, 32), Access::Read);
         w.host(Access::Write);
     });
@@ -533,16 +553,17 @@ fn a_leaked_fast_guard_is_settled_by_the_next_exclusive_access() {
     model(|| {
         let mut w = World::new(2);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| {
-            w.fence
-                .begin(&w.streams[0], (0, 32), Access::Read)
-                .expect("the model's waits do not fail");
-            w.enqueue(0, (0, 32), Access::Read);
-            // No `end`: the guard was leaked.
-        });
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| {
+                w.fence
+                    .begin(&w.streams[0], (0, 32), Access::Read)
+                    .expect("the model's waits do not fail");
+                w.enqueue(0, (0, 32), Access::Read);
+                // No `end`: the guard was leaked.
+            },
+            |w| w.queue(1, (32, 64), Access::Read),
+        );
         let w = Arc::get_mut(&mut w).expect("the owner is the only one left");
         w.fence.exclusive();
         w.host(Access::Write);
@@ -590,13 +611,14 @@ fn a_fast_begin_racing_a_new_publication() {
     model(|| {
         let w = World::new(2);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Read));
-        let b = spawn(&w, |w| {
-            w.host(Access::Read);
-            w.queue(1, (32, 64), Access::Write);
-        });
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Read),
+            |w| {
+                w.host(Access::Read);
+                w.queue(1, (32, 64), Access::Write);
+            },
+        );
         w.host(Access::Write);
     });
 }
@@ -613,10 +635,11 @@ fn a_fast_begin_beside_an_entry_it_waited_for() {
         let w = World::new(2);
         w.queue(1, ALL, Access::Read);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Write),
+            |w| w.queue(1, (32, 64), Access::Read),
+        );
         w.queue(1, (0, 32), Access::Read);
         w.host(Access::Write);
     });
@@ -657,10 +680,11 @@ fn a_stale_wait_for_a_retired_entry_is_not_trusted_for_its_successor() {
         w.queue(1, (0, 32), Access::Write);
         w.queue(0, ALL, Access::Read);
         w.host(Access::Read);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Read));
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Read),
+            |w| w.queue(1, (32, 64), Access::Write),
+        );
         w.queue(0, (32, 64), Access::Read);
         w.host(Access::Write);
     });
@@ -679,10 +703,11 @@ fn a_publication_beside_a_waited_entry_ends_when_that_entry_marks_anew() {
         let w = World::new(2);
         w.queue(1, ALL, Access::Read);
         w.queue(0, ALL, Access::Write);
-        let a = spawn(&w, |w| w.queue(0, (0, 32), Access::Write));
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Read));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| w.queue(0, (0, 32), Access::Write),
+            |w| w.queue(1, (32, 64), Access::Read),
+        );
         w.queue(0, (32, 64), Access::Write);
         w.host(Access::Write);
     });
@@ -702,13 +727,14 @@ fn publications_alternate_between_streams_that_waited_for_each_other() {
         w.queue(1, ALL, Access::Read);
         w.queue(0, (0, 32), Access::Write);
         w.queue(1, (32, 64), Access::Write);
-        let a = spawn(&w, |w| {
-            w.queue(0, (0, 32), Access::Write);
-            w.queue(0, (0, 32), Access::Read);
-        });
-        let b = spawn(&w, |w| w.queue(1, (32, 64), Access::Write));
-        a.join().unwrap();
-        b.join().unwrap();
+        race(
+            &w,
+            |w| {
+                w.queue(0, (0, 32), Access::Write);
+                w.queue(0, (0, 32), Access::Read);
+            },
+            |w| w.queue(1, (32, 64), Access::Write),
+        );
         w.queue(1, (0, 32), Access::Read);
         w.queue(0, (32, 64), Access::Read);
         w.host(Access::Write);
