@@ -131,6 +131,12 @@ pub struct BenchArgs {
     /// machine code as the C++ reference.
     #[arg(long, value_name = "PATH")]
     pub kernel_image: Option<PathBuf>,
+    /// graphs.cu's executable (shared/refbench: `nvcc -O2 -arch=sm_90 -o graphs graphs.cu`):
+    /// the graphs section runs it beside its own sides, each side graphs.cu's whole protocol
+    /// in a fresh process, in rotating order (without it, the sides are set beside raw
+    /// runtime calls from Rust).
+    #[arg(long, value_name = "PATH")]
+    pub graphs_reference: Option<PathBuf>,
 }
 
 /// The options of `compare`.
@@ -302,6 +308,8 @@ mod tests {
             "5%",
             "--kernel-image",
             "bump.cubin",
+            "--graphs-reference",
+            "/tmp/graphs",
         ])
         .unwrap();
         assert_eq!(
@@ -320,6 +328,7 @@ mod tests {
                 },
                 sections: None,
                 kernel_image: Some("bump.cubin".into()),
+                graphs_reference: Some("/tmp/graphs".into()),
             })
         );
         let Command::Compare(c) = p(&["compare", "a.json", "b.json"]).unwrap() else {

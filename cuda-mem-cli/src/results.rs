@@ -241,6 +241,11 @@ pub struct BenchResults {
     /// The same operations through cudarc in the same run (`bench::peers`): ours beside
     /// cudarc's (`reference`); `ratio` is the speed of ours over cudarc's.
     pub peers: Vec<HostRow>,
+    /// graphs.cu's protocol run process by process (`bench::graphs::procs`): each side's
+    /// medians over its processes beside the reference's (`reference`: graphs.cu where
+    /// `--graphs-reference` names it, else raw `cuda-mem-sys` calls from Rust); `ratio` is the
+    /// speed of the side over the reference's.
+    pub processes: Vec<HostRow>,
 }
 
 /// One figure beside its reference from the same run: host-side (`bench::host`), the shmoo
@@ -536,6 +541,17 @@ pub mod sample {
                 ours: 0.15,
                 reference: 5.9,
                 ratio: 39.3,
+            }],
+            processes: vec![HostRow {
+                test: "graphs_processes_kernels",
+                config: "cuda-mem launcher / graphs.cu: graph, host time per round, medians of \
+                         7 / 7 processes"
+                    .into(),
+                bytes: 4096,
+                unit: "us",
+                ours: 1.52,
+                reference: 1.5,
+                ratio: 0.987,
             }],
         }
     }

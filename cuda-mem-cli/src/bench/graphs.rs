@@ -45,6 +45,8 @@ use cudarc::driver::{
 };
 
 use super::peers::cu;
+
+pub mod procs;
 use super::{progress, Paired};
 use crate::results::{BenchResults, Check, HostRow};
 use crate::units::median;
@@ -67,6 +69,43 @@ fn refused(reason: String) -> Error {
         op: "bench graphs",
         reason,
     })
+}
+
+/// The `--kernel-image` file's bytes, where one was given.
+fn read_image(image: Option<&Path>) -> Result<Option<Vec<u8>>> {
+    image
+        .map(|p| {
+            std::fs::read(p).map_err(|e| {
+                refused(format!(
+                    "--kernel-image {}: cannot be read: {e}",
+                    p.display()
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// The loaded kernels: the probes, and the `--kernel-image` library where one was given.
+struct Loaded {
+    probes: Probes,
+    lib: Option<Library>,
+}
+
+impl Loaded {
+    fn load(image: Option<&[u8]>) -> Result<Loaded> {
+        Ok(Loaded {
+            probes: Probes::load()?,
+            lib: image.map(Library::load_image).transpose()?,
+        })
+    }
+
+    /// The tiny kernel: the image's `bump` where one was given, else the probes' `cm_bump`.
+    fn tiny(&self) -> Result<Tiny<'_>> {
+        Ok(match &self.lib {
+            Some(lib) => Tiny::Image(lib.kernel("bump")?),
+            None => Tiny::Probes(&self.probes),
+        })
+    }
 }
 
 /// The tiny kernel: the probes' `cm_bump` (PTX, compiled by the driver), or `bump` from the
@@ -649,21 +688,9 @@ fn report(
 
 /// Both sequences, and a data check per side and sequence. `image`: `--kernel-image`.
 pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
-    let loaded = Probes::load()?;
-    let bytes = match image {
-        Some(p) => Some(std::fs::read(p).map_err(|e| {
-            refused(format!(
-                "--kernel-image {}: cannot be read: {e}",
-                p.display()
-            ))
-        })?),
-        None => None,
-    };
-    let lib = bytes.as_deref().map(Library::load_image).transpose()?;
-    let tiny = match &lib {
-        Some(lib) => Tiny::Image(lib.kernel("bump")?),
-        None => Tiny::Probes(&loaded),
-    };
+    let bytes = read_image(image)?;
+    let loaded = Loaded::load(bytes.as_deref())?;
+    let tiny = loaded.tiny()?;
     progress(&format!(
         "graphs: the tiny kernel is {} from {}",
         tiny.name(),

@@ -356,6 +356,9 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if let Ok(path) = std::env::var(ipc::CHILD) {
         return ipc::child(&path);
     }
+    if let Ok(spec) = std::env::var(graphs::procs::CHILD) {
+        return graphs::procs::child(&spec, args.kernel_image.as_deref());
+    }
     let baseline = match &args.baseline {
         Some(p) => Some((p.display().to_string(), load(p)?)),
         None => None,
@@ -405,6 +408,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         host: Vec::new(),
         shmoo: Vec::new(),
         peers: Vec::new(),
+        processes: Vec::new(),
     };
     let on = |name: &str| {
         args.sections
@@ -445,7 +449,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if on("graphs") {
         bar::stage("graphs", 2);
-        let r = graphs::run(&mut res, args.kernel_image.as_deref());
+        // Process by process first, while this process has done no graph work.
+        let rounds = if args.quick { 3 } else { 7 };
+        let image = args.kernel_image.as_deref();
+        let r = graphs::procs::run(&mut res, image, args.graphs_reference.as_deref(), rounds);
+        attempt(&mut res, &["graphs"], "graphs processes", r)?;
+        let r = graphs::run(&mut res, image);
         attempt(&mut res, &["graphs"], "graphs", r)?;
     }
     if on("shmoo") {

@@ -27,6 +27,7 @@
 //!  "host": [{"test", "config", "bytes", "unit", "ours", "reference", "ratio"}],
 //!  "shmoo": [... as "host"; reference: raw cudaMemcpyAsync],
 //!  "peers": [... as "host"; reference: cudarc 0.19],
+//!  "processes": [... as "host"; reference: graphs.cu, or raw calls from Rust],
 //!  "verified": {"ok", "passed", "failed", "checks": [{"what", "bytes", "ok", "detail"}]},
 //!  "errors": [{"kind", "stage", "message"}],
 //!  "seconds": 12.3}
@@ -37,7 +38,7 @@
 //! its run-to-run spread, which `--baseline` measures changes against; `null` where not
 //! measured), the `bidirectional` section, the device's pool, copy-engine and PCIe-link
 //! fields and `method.spread`. Schema 1 files still load (the new fields read as absent);
-//! so do schema 2 files written before the `host`, `shmoo` and `peers` sections.
+//! so do schema 2 files written before the `host`, `shmoo`, `peers` and `processes` sections.
 //!
 //! Copy `ratio` is ours / raw bandwidth (1.0 = parity), alloc `ratio` ours / raw time; both
 //! are the interquartile mean over interleaved sample pairs, which drift cannot bias, so they
@@ -335,6 +336,8 @@ pub struct BenchJson {
     pub shmoo: Vec<HostJson>,
     #[serde(default)]
     pub peers: Vec<HostJson>,
+    #[serde(default)]
+    pub processes: Vec<HostJson>,
     pub verified: VerifiedJson,
     pub errors: Vec<ErrorJson>,
     #[serde(with = "num")]
@@ -578,6 +581,7 @@ pub fn bench_json(r: &BenchResults) -> BenchJson {
         host: r.host.iter().map(host_json).collect(),
         shmoo: r.shmoo.iter().map(host_json).collect(),
         peers: r.peers.iter().map(host_json).collect(),
+        processes: r.processes.iter().map(host_json).collect(),
         verified: VerifiedJson {
             ok: r.all_verified(),
             passed: r.checks.len() as u64 - failed,
@@ -663,6 +667,7 @@ mod tests {
                 "host",
                 "shmoo",
                 "peers",
+                "processes",
                 "verified",
                 "errors",
                 "seconds"

@@ -459,6 +459,22 @@ pub fn bench_table(r: &BenchResults) -> String {
         ));
     }
 
+    // graphs.cu's protocol, process by process.
+    if !r.processes.is_empty() {
+        out.push_str(
+            "\nCUDA graphs, graphs.cu's protocol in a fresh process per side and run, sides in \
+             rotating order (ratio = speed of the side / the reference's; > 1: faster)\n",
+        );
+        let rows = r.processes.iter().map(|h| {
+            let nums = [h.ours, h.reference, h.ratio];
+            (h.test, h.config.clone(), h.bytes, h.unit, nums)
+        });
+        out.push_str(&against_table(
+            ["side / reference: figure", "side", "reference"],
+            rows,
+        ));
+    }
+
     // Checks and errors.
     let passed = r.checks.iter().filter(|c| c.ok).count();
     out.push_str(&format!(
