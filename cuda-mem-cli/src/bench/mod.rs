@@ -450,7 +450,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if on("graphs") {
         bar::stage("graphs", 2);
         // Process by process first, while this process has done no graph work.
-        let rounds = if args.quick { 3 } else { 7 };
+        let rounds = if args.quick { 3 } else { 15 };
         let image = args.kernel_image.as_deref();
         let r = graphs::procs::run(&mut res, image, args.graphs_reference.as_deref(), rounds);
         attempt(&mut res, &["graphs"], "graphs processes", r)?;

@@ -18,6 +18,11 @@
 //! The child is this executable (`bench`, with [`CHILD`] set to `SIDE:SEQUENCE`); rows go to
 //! the `processes` table: each side's medians over its processes beside the reference's
 //! (graphs.cu where given, else the raw Rust process).
+//!
+//! Every process, graphs.cu's too, runs on the same few CPUs (the last [`CPUS`] this one may
+//! use, through the affinity the children inherit): unpinned, the host time of one
+//! `cudaGraphLaunch` moved from 1.2 to 2.8 µs from process to process on the H200, whichever
+//! the side, far more than the launches differ.
 
 use std::path::Path;
 use std::process::Command;
@@ -423,6 +428,57 @@ fn range(xs: &[f64]) -> (f64, f64) {
         })
 }
 
+/// How many CPUs the processes share: one let the runtime's own threads preempt the one that
+/// launches (every side's launch took 2.4 µs instead of 1.3 on the H200), all of them let the
+/// processes land anywhere (1.2 to 2.8 µs from process to process).
+const CPUS: usize = 4;
+
+/// This thread's CPU affinity, which the processes it spawns inherit.
+struct Pinned {
+    before: libc::cpu_set_t,
+    cpus: Vec<usize>,
+}
+
+impl Pinned {
+    /// Pins this thread to the last [`CPUS`] CPUs it may run on; `None` where the affinity
+    /// cannot be read or set (the processes then run where the system puts them).
+    fn last_cpus() -> Option<Pinned> {
+        // SAFETY: `cpu_set_t` is plain data, all zero a valid (empty) set.
+        let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: this thread (0) and a set of `size` bytes to write.
+        if unsafe { libc::sched_getaffinity(0, size, &mut before) } != 0 {
+            return None;
+        }
+        let mut cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .rev()
+            .filter(|&c| {
+                // SAFETY: an index below CPU_SETSIZE into a live set.
+                unsafe { libc::CPU_ISSET(c, &before) }
+            })
+            .take(CPUS)
+            .collect();
+        cpus.reverse();
+        // SAFETY: as above.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &c in &cpus {
+            // SAFETY: `c` < CPU_SETSIZE; a live set.
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+        // SAFETY: this thread and a set of `size` bytes holding CPUs it may use.
+        let set_ok = !cpus.is_empty() && unsafe { libc::sched_setaffinity(0, size, &set) } == 0;
+        set_ok.then_some(Pinned { before, cpus })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: this thread, and the set it had (errors ignored: the bench goes on wherever
+        // it runs).
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.before) };
+    }
+}
+
 /// Both sequences, `rounds` processes per side each, in rotating order; graphs.cu among the
 /// sides where `reference` names its executable. A side whose process fails is reported and
 /// left out of the sequence's rows.
@@ -443,6 +499,11 @@ pub fn run(
     if reference.is_some() {
         sides.insert(0, Side::Cpp);
     }
+    let pinned = Pinned::last_cpus();
+    progress(&match &pinned {
+        Some(p) => format!("  every process on CPUs {:?} (all sides alike)", p.cpus),
+        None => "  the processes unpinned (the CPU affinity could not be set)".into(),
+    });
     for kernels_only in [true, false] {
         let (test, name) = names(kernels_only);
         progress(&format!(
@@ -506,8 +567,9 @@ fn report(
         }
         let (eh, ee) = (med(fs, |f| f.eager_host), med(fs, |f| f.eager_end));
         let (gh, ge) = (med(fs, |f| f.graph_host), med(fs, |f| f.graph_end));
+        let hosts: Vec<f64> = fs.iter().map(|f| f.graph_host).collect();
         let (ghr, ger) = (
-            range(&fs.iter().map(|f| f.graph_host).collect::<Vec<_>>()),
+            range(&hosts),
             range(&fs.iter().map(|f| f.graph_end).collect::<Vec<_>>()),
         );
         progress(&format!(
@@ -522,6 +584,12 @@ fn report(
             gh / eh,
             ge / ee,
             fs.len()
+        ));
+        let each: Vec<String> = hosts.iter().map(|h| format!("{h:.3}")).collect();
+        progress(&format!(
+            "  {name} {}: graph host per process, in order: {} us",
+            side.name(),
+            each.join(" ")
         ));
         let correct = fs.iter().filter(|f| f.correct).count();
         // graphs.cu checks the mixed sequence only; the Rust sides check both.
