@@ -318,10 +318,7 @@ impl<T: Pod> Exporter<T> {
                         // In flight for capture begins until the wait has returned (as in
                         // `record`): the wait is never captured.
                         let bytes = self.buf.byte_len();
-                        let _queued = self
-                            .buf
-                            .async_fence()
-                            .begin(s, (0, bytes), Access::Write)?;
+                        let _queued = self.buf.async_fence().begin(s, (0, bytes), Access::Write)?;
                         peer.wait_on(s)?;
                     }
                     None => {
