@@ -9,11 +9,15 @@ use cuda_mem_sys as sys;
 
 use super::channel::Channel;
 use super::wire::{HandleKind, IpcHandle, Message, MEM_HANDLE_LEN};
-use super::{bus_id_of, leaked, note, process_tag, refuse, unexpected, DROP_TIMEOUT};
+use super::{
+    bus_id_of, leaked, note, process_tag, refuse, refuse_capturing, unexpected, DROP_TIMEOUT,
+    PASS_INTO_CAPTURE, TAKE_BACK_INTO_CAPTURE,
+};
 use crate::contract::memory::sealed::Async;
 #[cfg(doc)]
 use crate::error::Misuse;
 use crate::error::{check, Error, ErrorCode, Result};
+use crate::fence::capture::Relaxed;
 use crate::fence::Access;
 use crate::handles::devices::require_same;
 use crate::handles::event::{Event, IPC_EVENT_HANDLE_LEN};
@@ -81,14 +85,17 @@ impl<T: Pod> Exporter<T> {
     /// `stream` must belong to the buffer's device. When anything fails before the offer is
     /// sent, the buffer was shared with nobody and is freed as by drop.
     ///
-    /// Errors: [`Misuse::InvalidArgument`] for a buffer from a pool that is not shareable
-    /// (including a device's default pool); [`Misuse::DeviceMismatch`]; the runtime's error
-    /// where it refuses to export (sandboxes without CUDA IPC), with its code.
+    /// Errors: [`Misuse::InvalidArgument`] for a `stream` that is capturing (the event
+    /// would be recorded into the graph, and the importer would wait for nothing; checked
+    /// before any runtime call, so the capture stays valid) and for a buffer from a pool that
+    /// is not shareable (including a device's default pool); [`Misuse::DeviceMismatch`]; the
+    /// runtime's error where it refuses to export (sandboxes without CUDA IPC), with its code.
     pub fn offer(buf: DeviceBuffer<T>, chan: Channel, stream: &Stream) -> Result<Exporter<T>> {
         const OP: &str = "Exporter::offer";
         let device = buf.device();
         require_same(OP, buf.device().ordinal(), stream.inner().device())?;
         stream.inner().check_current(OP)?;
+        refuse_capturing(stream, OP, PASS_INTO_CAPTURE)?;
         let _g = device.guard()?;
         let ptr = buf.as_ptr() as *mut std::os::raw::c_void;
         let (kind, mem, fd) = match buf.pool() {
@@ -234,12 +241,15 @@ impl<T: Pod> Exporter<T> {
 
     /// Passes the buffer to the importer: records the event on `stream` after every piece of
     /// work pending on the buffer (on any stream) and sends it with the next generation.
+    /// Refused on a `stream` that is capturing (the record would be a node of the graph, and
+    /// the importer would wait for nothing); this side keeps the buffer.
     pub fn pass(&mut self, stream: &Stream) -> Result<()> {
         const OP: &str = "Exporter::pass";
         self.check_held(OP)?;
         if !self.mapped {
             return Err(refuse(OP, "the importer has closed the buffer"));
         }
+        refuse_capturing(stream, OP, PASS_INTO_CAPTURE)?;
         self.record(stream, OP)?;
         // Not held from here on, even if the send fails: the importer may have the message.
         self.held = false;
@@ -261,7 +271,8 @@ impl<T: Pod> Exporter<T> {
     /// Errors: the importer refused the offer (its CUDA error code, as `Error::Cuda`; the
     /// buffer is held again, nothing is mapped); the channel's errors (the importer's process
     /// gone: `ECONNRESET`; `ETIMEDOUT`; a truncated or foreign message), after which the
-    /// buffer stays lent.
+    /// buffer stays lent; a `stream` that is capturing, before anything is read (the wait
+    /// would be a node of the graph: take the buffer back on a stream that is not capturing).
     pub fn take_back(&mut self, stream: &Stream, timeout: Duration) -> Result<Back> {
         const OP: &str = "Exporter::take_back";
         if self.done || self.held {
@@ -269,6 +280,8 @@ impl<T: Pod> Exporter<T> {
         }
         require_same(OP, self.buf.device().ordinal(), stream.inner().device())?;
         stream.inner().check_current(OP)?;
+        // Before the message is read: refused after it, a pass would be lost.
+        refuse_capturing(stream, OP, TAKE_BACK_INTO_CAPTURE)?;
         let (msg, _fd) = self.chan.recv(timeout)?;
         self.on_message(msg, Some(stream), OP)
     }
@@ -302,11 +315,18 @@ impl<T: Pod> Exporter<T> {
                 match stream {
                     Some(s) => {
                         let _g = s.inner().enter()?;
-                        peer.wait_on(s)?;
+                        // In flight for capture begins until the wait has returned (as in
+                        // `record`): the wait is never captured.
                         let bytes = self.buf.byte_len();
-                        self.buf.async_fence().mark(s, (0, bytes), Access::Write);
+                        let _queued = self.buf.async_fence().begin(s, (0, bytes), Access::Write)?;
+                        peer.wait_on(s)?;
                     }
-                    None => peer.synchronize()?,
+                    None => {
+                        // (Never recorded into a capture; relaxed mode lets the host wait
+                        // while one is open.)
+                        let _relaxed = Relaxed::new();
+                        peer.synchronize()?
+                    }
                 }
                 self.generation = generation;
                 self.held = true;

@@ -11,7 +11,10 @@ use cuda_mem_sys as sys;
 
 use super::channel::Channel;
 use super::wire::{HandleKind, IpcHandle, Message};
-use super::{device_by_bus_id, note, process_tag, refuse, unexpected, DROP_TIMEOUT};
+use super::{
+    device_by_bus_id, note, process_tag, refuse, refuse_capturing, unexpected, DROP_TIMEOUT,
+    IMPORT_INTO_CAPTURE, PASS_INTO_CAPTURE, TAKE_BACK_INTO_CAPTURE,
+};
 use crate::alloc::pool::{MemPool, PoolAccess};
 use crate::contract::buffer::sealed::Alloc;
 use crate::contract::buffer::Buffer;
@@ -19,6 +22,7 @@ use crate::contract::layout::Layout;
 use crate::contract::memory::Loc;
 use crate::contract::size;
 use crate::error::{check, Result};
+use crate::fence::capture::Relaxed;
 use crate::fence::{Access, Fence};
 use crate::handles::devices::{require_same, Device};
 use crate::handles::event::{Event, IPC_EVENT_HANDLE_LEN};
@@ -122,10 +126,13 @@ impl<T: Pod> ImportedBuffer<T> {
     /// the exporter's work before it exported. A pool handle needs the pool's descriptor
     /// (`pool_fd`), which came beside it.
     ///
-    /// Checked before CUDA sees anything, each a [`Misuse::InvalidArgument`] naming it: the
-    /// element size against `T`; a handle this process exported (CUDA maps IPC memory into
-    /// other processes only); the exporter's device not visible here; another device without
-    /// peer access to it; a pool handle without its descriptor. CUDA refuses the rest (a
+    /// Checked before CUDA sees anything, each a [`Misuse::InvalidArgument`] naming it: first
+    /// a `stream` that is capturing (an import cannot be recorded into a graph: import on a
+    /// stream that is not capturing, and let the capture use the buffer; so the capture stays
+    /// valid and nothing is mapped), or the legacy default stream while a capture is open;
+    /// then the element size against `T`; a handle this process exported (CUDA maps IPC memory
+    /// into other processes only); the exporter's device not visible here; another device
+    /// without peer access to it; a pool handle without its descriptor. CUDA refuses the rest (a
     /// forged handle, one of freed memory, a sandbox without IPC) with its own error code,
     /// kept. An address CUDA maps that is not aligned for `T` is unmapped and refused with
     /// [`Misuse::Misaligned`].
@@ -155,6 +162,10 @@ impl<T: Pod> ImportedBuffer<T> {
         stream: &Stream,
     ) -> Result<(Self, Event)> {
         const OP: &str = "ImportedBuffer::open";
+        // Before any runtime call: an import inside a capture would map the memory as graph
+        // memory of the capture (refused at its end, the mapping then leaked) and capture the
+        // wait for the exporter's event as a node.
+        refuse_capturing(stream, OP, IMPORT_INTO_CAPTURE)?;
         let size = std::mem::size_of::<T>();
         if handle.elem_size() != size {
             return Err(refuse(
@@ -315,7 +326,18 @@ impl<T: Pod> Importer<T> {
     /// device ([`ImportedBuffer::open`]): this side holds the buffer, ordered after the
     /// exporter's writes. When the open fails, the exporter is told (so that it may free the
     /// memory) and the error returned: CUDA's, with its code, or the misuse found first.
+    ///
+    /// A `stream` that is capturing is refused first, before the offer is read (nothing is
+    /// mapped, the capture stays valid): [`Misuse::InvalidArgument`](crate::Misuse::InvalidArgument)
+    /// saying that an import cannot be recorded into a graph. The exporter is told as for a
+    /// failed open, and may offer again on another channel.
     pub fn accept(chan: Channel, stream: &Stream, timeout: Duration) -> Result<Importer<T>> {
+        if let Err(e) = refuse_capturing(stream, "Importer::accept", IMPORT_INTO_CAPTURE) {
+            let code = e.code().map_or(0, |c| c.0);
+            // The exporter gets its buffer back (it leaks it if it cannot be told).
+            let _ = chan.send(&Message::Refused { code }, None, DROP_TIMEOUT);
+            return Err(e);
+        }
         let (msg, fd) = chan.recv(timeout)?;
         let handle = match msg {
             Message::Offer(h) => h,
@@ -400,12 +422,15 @@ impl<T: Pod> Importer<T> {
 
     /// Passes the buffer back to the exporter: records this side's event on `stream` after
     /// every piece of work pending on the buffer, and sends it with the next generation.
+    /// Refused on a `stream` that is capturing (the record would be a node of the graph, and
+    /// the exporter would wait for nothing); this side keeps the buffer.
     pub fn pass(&mut self, stream: &Stream) -> Result<()> {
         const OP: &str = "Importer::pass";
         let buf = self.check_held(OP)?;
         let device = buf.device();
         require_same(OP, device.ordinal(), stream.inner().device())?;
         stream.inner().check_current(OP)?;
+        refuse_capturing(stream, OP, PASS_INTO_CAPTURE)?;
         let _g = stream.inner().enter()?;
         if self.event.is_none() {
             let e = Event::interprocess(device)?;
@@ -439,7 +464,8 @@ impl<T: Pod> Importer<T> {
     ///
     /// Errors: the channel's (the exporter's process gone: `ECONNRESET`, so nothing is read
     /// from memory it may have freed; `ETIMEDOUT`; a truncated or foreign message); a pass
-    /// out of order.
+    /// out of order; a `stream` that is capturing, before the pass is read (the wait would be
+    /// a node of the graph: take the buffer back on a stream that is not capturing).
     pub fn take_back(&mut self, stream: &Stream, timeout: Duration) -> Result<()> {
         const OP: &str = "Importer::take_back";
         let Some(buf) = &self.buf else {
@@ -450,6 +476,8 @@ impl<T: Pod> Importer<T> {
         }
         require_same(OP, buf.device().ordinal(), stream.inner().device())?;
         stream.inner().check_current(OP)?;
+        // Before the pass is read: refused after it, the pass would be lost.
+        refuse_capturing(stream, OP, TAKE_BACK_INTO_CAPTURE)?;
         let (msg, _fd) = self.chan.recv(timeout)?;
         let Message::Pass { generation, event } = msg else {
             return Err(unexpected(OP, msg.name(), "Pass"));
@@ -471,8 +499,16 @@ impl<T: Pod> Importer<T> {
             return Err(refuse(OP, "the buffer is closed"));
         };
         let _g = stream.inner().enter()?;
-        peer.wait_on(stream)?;
-        buf.fence.mark(stream, (0, buf.byte_len()), Access::Write);
+        {
+            // `begin`, not a `mark` after the wait: the wait is in flight for capture begins
+            // until it has returned, so a capture that another thread begins on `stream`
+            // meanwhile waits for it, or is seen here and refused (the wait must not be
+            // captured: see `refuse_capturing`).
+            let _queued = buf
+                .fence
+                .begin(stream, (0, buf.byte_len()), Access::Write)?;
+            peer.wait_on(stream)?;
+        }
         self.generation = generation;
         self.held = true;
         Ok(())
@@ -496,7 +532,9 @@ impl<T: Pod> Importer<T> {
         // The exporter destroys its event once told; this side's handle of it goes first.
         self.peer_event = None;
         // This side's event may have a wait queued in the exporter: let it complete first.
+        // (Never recorded into a capture; relaxed mode lets the host wait while one is open.)
         if let Some((_, e)) = &self.event {
+            let _relaxed = Relaxed::new();
             e.synchronize()?;
         }
         self.chan.send(

@@ -64,13 +64,72 @@ pub use wire::{HandleKind, IpcHandle};
 use std::time::Duration;
 
 use crate::error::{Error, Misuse, Result};
+use crate::fence::capture;
 use crate::handles::devices::Device;
+use crate::handles::stream::Stream;
 
 use crate::error::invalid_argument as refuse;
 
 /// How long [`Exporter`]'s drop waits for the importer's close, and [`Importer`]'s drop for
 /// sending it.
 pub const DROP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The refusal of an import ([`ImportedBuffer::open`], [`Importer::accept`]) on a stream that
+/// is capturing.
+pub(crate) const IMPORT_INTO_CAPTURE: &str =
+    "the stream is capturing: an import cannot be recorded into a graph (the wait for the \
+     exporter's event would be a node that runs only at launch, and the mapping would count as \
+     graph memory the capture keeps); import on a stream that is not capturing, and let the \
+     capture use the imported buffer";
+/// The refusal of an offer or a pass ([`Exporter::offer`], [`Exporter::pass`],
+/// [`Importer::pass`]) on a stream that is capturing.
+pub(crate) const PASS_INTO_CAPTURE: &str =
+    "the stream is capturing: the event the other process waits for would be recorded into the \
+     graph (a node, not a record), so it would wait for nothing; offer or pass the buffer on a \
+     stream that is not capturing";
+/// The refusal of a take-back ([`Exporter::take_back`], [`Importer::take_back`]) on a stream
+/// that is capturing.
+pub(crate) const TAKE_BACK_INTO_CAPTURE: &str =
+    "the stream is capturing: the wait for the other process's pass would be a node of the \
+     graph, run only at launch, and work on the buffer after the capture would not wait for \
+     that process's writes; take the buffer back on a stream that is not capturing";
+
+/// Refuses an IPC step (`op`), with `reason`, on a stream that is capturing: a capture begun
+/// through the crate ([`Stream::capture`]; the registry, no runtime call), or one another
+/// library began on a stream lent to it (`cudaStreamIsCapturing`, lent streams only). The
+/// legacy default stream, while a capture is open anywhere, is refused as the fence refuses it
+/// (work there would join or invalidate the capture). Made before any runtime call and any
+/// message of the step, so nothing is mapped, recorded, waited for or read, and the capture
+/// stays valid.
+///
+/// A capture that another thread begins on `stream` after this check is met by the step's own
+/// handshake with capture begins (the fence's), which waits for it or refuses it.
+pub(crate) fn refuse_capturing(
+    stream: &Stream,
+    op: &'static str,
+    reason: &'static str,
+) -> Result<()> {
+    let inner = stream.inner();
+    if capture::any_open() {
+        if capture::is_legacy(inner) {
+            return Err(refuse(op, capture::LEGACY_DURING_CAPTURE));
+        }
+        if capture::capture_of(inner).is_some() {
+            return Err(refuse(op, reason));
+        }
+    }
+    if inner.is_lent() {
+        if let Err(e) = capture::refuse_foreign_capture(inner) {
+            // The refusal (a foreign capture is open), or the query's own error, kept.
+            return Err(if e.misuse().is_some() {
+                refuse(op, reason)
+            } else {
+                e
+            });
+        }
+    }
+    Ok(())
+}
 
 /// A number that differs between processes (random, drawn once), which handles carry so that
 /// a process never opens its own handle: CUDA maps IPC memory into *other* processes only.

@@ -10,9 +10,11 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use cuda_mem::ipc::{Back, Channel, HandleKind, ImportedBuffer, Importer, IpcHandle, Listener};
+use cuda_mem::ipc::{
+    Back, Channel, Exporter, HandleKind, ImportedBuffer, Importer, IpcHandle, Listener,
+};
 use cuda_mem::{
-    memset_async, sys, DeviceBuffer, DevicePtrMut as _, Error, MemPool, Misuse, Stream,
+    memset_async, sys, CaptureMode, DeviceBuffer, DevicePtrMut as _, Error, MemPool, Misuse, Stream,
 };
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{gpu_or_skip, run_child, still_pending};
@@ -23,6 +25,79 @@ const SOCKET: &str = "CUDA_MEM_IPC_SOCKET";
 const ROLE: &str = "CUDA_MEM_IPC_ROLE";
 const T: Duration = Duration::from_secs(120);
 const ROUNDS: u64 = 1000;
+
+/// The crate's refusal of an import on a capturing stream (`ipc::IMPORT_INTO_CAPTURE`, copied:
+/// the constant is not public).
+pub(crate) const IMPORT_INTO_CAPTURE: &str =
+    "the stream is capturing: an import cannot be recorded into a graph (the wait for the \
+     exporter's event would be a node that runs only at launch, and the mapping would count as \
+     graph memory the capture keeps); import on a stream that is not capturing, and let the \
+     capture use the imported buffer";
+/// `ipc::PASS_INTO_CAPTURE`, copied.
+pub(crate) const PASS_INTO_CAPTURE: &str =
+    "the stream is capturing: the event the other process waits for would be recorded into the \
+     graph (a node, not a record), so it would wait for nothing; offer or pass the buffer on a \
+     stream that is not capturing";
+/// `ipc::TAKE_BACK_INTO_CAPTURE`, copied.
+pub(crate) const TAKE_BACK_INTO_CAPTURE: &str =
+    "the stream is capturing: the wait for the other process's pass would be a node of the \
+     graph, run only at launch, and work on the buffer after the capture would not wait for \
+     that process's writes; take the buffer back on a stream that is not capturing";
+/// `fence::capture::LEGACY_DURING_CAPTURE`, copied.
+pub(crate) const LEGACY_DURING_CAPTURE: &str =
+    "a stream capture is open: the legacy default stream (synchronous copies and memsets, \
+     `zeroed`) would join or invalidate it; use copy_async / memset_async on a stream";
+
+/// `e` is exactly `Misuse::InvalidArgument { op, reason }`.
+#[track_caller]
+pub(crate) fn assert_misuse(e: &Error, op: &str, reason: &str) {
+    match e.misuse() {
+        Some(Misuse::InvalidArgument { op: o, reason: r }) => {
+            assert_eq!((*o, r.as_str()), (op, reason), "not the exact refusal")
+        }
+        _ => panic!("not Misuse::InvalidArgument from {op}: {e}"),
+    }
+}
+
+/// The number of nodes in the graph `g`.
+pub(crate) fn node_count(g: sys::cudaGraph_t) -> usize {
+    let mut n = 0usize;
+    // SAFETY: a live graph (its owner outlives the call); a null node array asks for the count.
+    let code = unsafe { sys::cudaGraphGetNodes(g, std::ptr::null_mut(), &mut n) };
+    assert_eq!(code, sys::cudaError::cudaSuccess);
+    n
+}
+
+/// Runs `inside` (given the capturing stream) in a capture on `s` in `mode` whose only work is
+/// a memset of a scratch buffer to `v`: the capture must end `Ok` (a refused step inside did
+/// not invalidate it) with that one node (nothing of the step was captured), and its replay
+/// must write the scratch buffer.
+#[track_caller]
+pub(crate) fn inside_a_capture(s: &Stream, mode: CaptureMode, v: u8, inside: impl FnOnce(&Stream)) {
+    let mut scratch = DeviceBuffer::<u32>::zeroed(1024).unwrap();
+    let graph = s
+        .capture(mode, &mut scratch, |cap, x| {
+            inside(cap.stream());
+            x.memset_async(v, cap.stream())
+        })
+        .unwrap_or_else(|e| panic!("the capture did not end Ok: {e}"));
+    assert_eq!(
+        node_count(graph.as_raw()),
+        1,
+        "the capture holds more than its memset: the refused step was captured"
+    );
+    let exec = graph.instantiate().unwrap();
+    exec.launch(s).unwrap();
+    let scratch = exec.into_resources().unwrap();
+    assert!(
+        scratch
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|&w| w == u32::from_ne_bytes([v; 4])),
+        "the capture's replay did not write its memset"
+    );
+}
 
 /// Whether a CUDA refusal may be a skip (not under `CUDA_MEM_REQUIRE_IPC=1`).
 fn ipc_refused_is_skip(test: &str, e: &Error) -> bool {
@@ -216,6 +291,49 @@ fn ipc_child() {
             let close = cuda_mem::ErrorCode::from(code).name();
             println!("CHILD RAW PENDING {pending} IDLE {idle} LEN {len} CLOSE {close}");
             signal.write_all(&[1]).unwrap();
+        }
+        "capture" => {
+            // The exporter of `an_import_refused_inside_a_capture_...`: its first offer is
+            // refused by the parent's import inside a capture (told, so the buffer comes
+            // back); the second, written behind a slow kernel, is imported outside it.
+            let probes = Probes::load().unwrap();
+            let buf = DeviceBuffer::<u32>::zeroed(CAPTURE_N).unwrap();
+            let first = Exporter::offer(buf, chan, &s);
+            let mut signal = UnixStream::connect(&path).unwrap();
+            let mut exp = match first {
+                Ok(e) => e,
+                Err(e) => {
+                    println!("CHILD REFUSED {e}");
+                    signal.write_all(&[0]).unwrap();
+                    return;
+                }
+            };
+            signal.write_all(&[1]).unwrap(); // the offer is on the channel
+            let e = exp.take_back(&s, T).unwrap_err();
+            println!("CHILD FIRST {e}");
+            let mut buf = exp.close(T).unwrap();
+            // (Pending well past the parent's open of the handle.)
+            probes.spin(3 * SPIN, &s).unwrap();
+            memset_async(&mut buf, 0x78, &s).unwrap();
+            let chan = Channel::connect(&path).unwrap();
+            let mut exp = Exporter::offer(buf, chan, &s).unwrap();
+            // A take-back inside a capture: refused before anything is read, so the parent's
+            // pass is still there for the take-back after it.
+            inside_a_capture(&s, CaptureMode::ThreadLocal, 5, |cs| {
+                let e = exp.take_back(cs, T).unwrap_err();
+                assert_misuse(&e, "Exporter::take_back", TAKE_BACK_INTO_CAPTURE);
+            });
+            assert_eq!(exp.take_back(&s, T).unwrap(), Back::Passed);
+            let got = exp.buffer().unwrap().to_vec().unwrap();
+            println!("CHILD READ-BACK {}", got.iter().all(|&w| w == 0x5a5a_5a5a));
+            // A pass inside a capture: refused, and this side still holds the buffer.
+            inside_a_capture(&s, CaptureMode::ThreadLocal, 6, |cs| {
+                let e = exp.pass(cs).unwrap_err();
+                assert_misuse(&e, "Exporter::pass", PASS_INTO_CAPTURE);
+            });
+            println!("CHILD HELD {}", exp.is_held());
+            exp.close(T).unwrap();
+            println!("CHILD CLOSED");
         }
         r => panic!("unknown role {r}"),
     }
@@ -476,17 +594,7 @@ fn bad_handles_are_exact_errors() {
     );
     // A forged one that passes our checks (another process's tag, this device): CUDA refuses
     // it with its own code.
-    let mut b = [0u8; IpcHandle::LEN];
-    b[..4].copy_from_slice(b"CMIH");
-    b[4..6].copy_from_slice(&1u16.to_le_bytes());
-    b[6] = 1;
-    b[12..20].copy_from_slice(&1u64.to_le_bytes());
-    b[20..24].copy_from_slice(&4u32.to_le_bytes());
-    b[28..36].copy_from_slice(&1024u64.to_le_bytes());
-    let bus = dev.pci_bus_id().unwrap();
-    b[44..44 + bus.len()].copy_from_slice(bus.as_bytes());
-    b[76..140].fill(0xa7);
-    let forged = IpcHandle::from_bytes(&b).unwrap();
+    let forged = forged_handle(dev);
     // SAFETY: a forged handle that names no memory: CUDA refuses it, nothing is mapped.
     let e = unsafe { ImportedBuffer::<u32>::open(&forged, None, &s) }.unwrap_err();
     eprintln!("NOTE bad_handles_are_exact_errors: a forged handle: {e}");
@@ -638,6 +746,193 @@ fn an_imported_buffer_opened_alone_unmaps_only_after_its_work() {
         "{raw}"
     );
     assert_eq!(first_not_written(&got), None, "the child's last write");
+}
+
+/// The words of the buffer `an_import_refused_inside_a_capture_...` shares.
+const CAPTURE_N: usize = 1 << 20;
+
+/// An import on a capturing stream (the bug: it went through the allocation handshake, the
+/// mapping became graph memory of the capture, which was then refused at its end, and the
+/// mapping leaked) is refused up front with the exact misuse, before CUDA or the channel is
+/// touched: through `ImportedBuffer::open` (a forged handle, which CUDA would refuse with its
+/// own code if it were reached), on the legacy stream while the capture is open, and through
+/// `Importer::accept`, which tells the exporter (its `take_back` says the importer refused
+/// before calling CUDA, and `close` gives the buffer back intact). The capture ends `Ok` with
+/// only its own memset. GPU; one process (the refusal comes before the handle's
+/// own-process check).
+#[test]
+fn an_import_on_a_capturing_stream_is_refused_before_cuda_and_the_capture_stays_valid() {
+    const TEST: &str =
+        "an_import_on_a_capturing_stream_is_refused_before_cuda_and_the_capture_stays_valid";
+    let dev = gpu_or_skip!();
+    let s = Stream::non_blocking().unwrap();
+    let data = pattern(CAPTURE_N, 81);
+    let buf = DeviceBuffer::from_slice(&data).unwrap();
+    let (a, b) = Channel::pair().unwrap();
+    let mut exp = match Exporter::offer(buf, a, &s) {
+        Ok(e) => e,
+        Err(e) if ipc_refused_is_skip(TEST, &e) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let forged = forged_handle(dev);
+    inside_a_capture(&s, CaptureMode::ThreadLocal, 7, |cs| {
+        // SAFETY: refused before anything is mapped (a forged handle would be CUDA's error).
+        let e = unsafe { ImportedBuffer::<u32>::open(&forged, None, cs) }.unwrap_err();
+        assert_misuse(&e, "ImportedBuffer::open", IMPORT_INTO_CAPTURE);
+        let legacy = Stream::legacy_default();
+        // SAFETY: as above.
+        let e = unsafe { ImportedBuffer::<u32>::open(&forged, None, &legacy) }.unwrap_err();
+        assert_misuse(&e, "ImportedBuffer::open", LEGACY_DURING_CAPTURE);
+        let e = Importer::<u32>::accept(b, cs, T).unwrap_err();
+        assert_misuse(&e, "Importer::accept", IMPORT_INTO_CAPTURE);
+    });
+    let e = exp.take_back(&s, T).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Exporter::take_back: the importer refused the offer before calling CUDA"
+    );
+    let buf = exp.close(T).unwrap();
+    assert!(
+        buf.to_vec().unwrap() == data,
+        "the offered buffer came back changed"
+    );
+}
+
+/// The exporter's side in one process: an offer on a capturing stream is refused before any
+/// runtime call (a buffer from a pool that is not shareable, whose own refusal would otherwise
+/// come first), and a take-back on it before the channel is read: the importer's `Refused`
+/// is still there for the take-back after the capture. The capture ends `Ok` with only its
+/// memset (relaxed mode: the refused offer frees its buffer, on the stream it was allocated
+/// on, inside the capture).
+#[test]
+fn an_offer_or_take_back_on_a_capturing_stream_is_refused_and_the_capture_stays_valid() {
+    const TEST: &str =
+        "an_offer_or_take_back_on_a_capturing_stream_is_refused_and_the_capture_stays_valid";
+    let dev = gpu_or_skip!();
+    let s = Stream::non_blocking().unwrap();
+    let other = Stream::non_blocking().unwrap();
+    let pool = MemPool::new(dev).unwrap();
+    let pooled = DeviceBuffer::<u32>::from_pool(&pool, 1024, &other).unwrap();
+    let data = pattern(CAPTURE_N, 82);
+    let (a, b) = Channel::pair().unwrap();
+    let mut exp = match Exporter::offer(DeviceBuffer::from_slice(&data).unwrap(), a, &s) {
+        Ok(e) => e,
+        Err(e) if ipc_refused_is_skip(TEST, &e) => return,
+        Err(e) => panic!("{e}"),
+    };
+    // Refused (its own process): the exporter is told.
+    let e = Importer::<u32>::accept(b, &s, T).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the handle was exported by this process"),
+        "{e}"
+    );
+    let (c, _d) = Channel::pair().unwrap();
+    inside_a_capture(&s, CaptureMode::Relaxed, 8, |cs| {
+        let e = Exporter::offer(pooled, c, cs).unwrap_err();
+        assert_misuse(&e, "Exporter::offer", PASS_INTO_CAPTURE);
+        let e = exp.take_back(cs, T).unwrap_err();
+        assert_misuse(&e, "Exporter::take_back", TAKE_BACK_INTO_CAPTURE);
+    });
+    let e = exp.take_back(&s, T).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Exporter::take_back: the importer refused the offer before calling CUDA",
+        "the take-back inside the capture read (and lost) the importer's message"
+    );
+    assert!(exp.close(T).unwrap().to_vec().unwrap() == data);
+}
+
+/// Two processes, the child exporting: the parent's import of the first offer inside a
+/// capture is refused (exact), the capture ends `Ok`, and the exporter, told, gets its buffer
+/// back. The second offer, its write still pending behind a slow kernel, is imported on the
+/// same stream outside the capture and reads what the exporter wrote. Then a pass inside a
+/// capture is refused (the importer still holds the buffer); the pass after it reaches the
+/// exporter, whose own take-back inside a capture was refused without reading it, and a
+/// take-back inside a capture here is refused too. GPU.
+#[test]
+fn an_import_refused_inside_a_capture_succeeds_after_it_and_reads_the_exporters_data() {
+    const TEST: &str =
+        "an_import_refused_inside_a_capture_succeeds_after_it_and_reads_the_exporters_data";
+    gpu_or_skip!();
+    let s = Stream::non_blocking().unwrap();
+    let (l, child) = spawn("capture");
+    let chan = l.accept(T).unwrap();
+    let mut signal = UnixStream::from(l.accept(T).unwrap().into_fd());
+    let mut b = [0];
+    signal.read_exact(&mut b).unwrap();
+    if b[0] == 0 {
+        let out = join(child);
+        let line = out
+            .lines()
+            .find_map(|l| marked(l, "CHILD REFUSED"))
+            .unwrap();
+        assert!(
+            std::env::var("CUDA_MEM_REQUIRE_IPC").as_deref() != Ok("1"),
+            "{TEST}: CUDA_MEM_REQUIRE_IPC=1 but the exporter's offer failed: {line}"
+        );
+        cuda_mem_tests::skip(&format!("{TEST}: the exporter's offer failed: {line}"));
+        return;
+    }
+    inside_a_capture(&s, CaptureMode::ThreadLocal, 9, |cs| {
+        let e = Importer::<u32>::accept(chan, cs, T).unwrap_err();
+        assert_misuse(&e, "Importer::accept", IMPORT_INTO_CAPTURE);
+    });
+    let mut imp = match Importer::<u32>::accept(l.accept(T).unwrap(), &s, T) {
+        Ok(i) => i,
+        Err(e) if ipc_refused_is_skip(TEST, &e) => {
+            join(child);
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    still_pending(
+        !imp.peer_work_done().unwrap(),
+        "the exporter's write had finished before the import",
+    );
+    let got = imp.buffer().unwrap().to_vec().unwrap();
+    assert!(
+        got.iter().all(|&w| w == 0x7878_7878),
+        "the import read data the exporter did not write"
+    );
+    inside_a_capture(&s, CaptureMode::ThreadLocal, 10, |cs| {
+        let e = imp.pass(cs).unwrap_err();
+        assert_misuse(&e, "Importer::pass", PASS_INTO_CAPTURE);
+    });
+    assert!(imp.is_held(), "a refused pass let the buffer go");
+    memset_async(&mut imp.buffer_mut().unwrap(), 0x5a, &s).unwrap();
+    imp.pass(&s).unwrap();
+    inside_a_capture(&s, CaptureMode::ThreadLocal, 11, |cs| {
+        let e = imp.take_back(cs, T).unwrap_err();
+        assert_misuse(&e, "Importer::take_back", TAKE_BACK_INTO_CAPTURE);
+    });
+    imp.close().unwrap();
+    let out = join(child);
+    assert!(
+        out.contains(
+            "CHILD FIRST Exporter::take_back: the importer refused the offer before calling CUDA"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("CHILD READ-BACK true"), "{out}");
+    assert!(out.contains("CHILD HELD true"), "{out}");
+    assert!(out.contains("CHILD CLOSED"), "{out}");
+}
+
+/// A handle that passes the crate's checks (another process's tag, `dev`'s bus id, 1024
+/// `u32`) but names no memory: CUDA refuses it with its own code.
+fn forged_handle(dev: cuda_mem::Device) -> IpcHandle {
+    let mut b = [0u8; IpcHandle::LEN];
+    b[..4].copy_from_slice(b"CMIH");
+    b[4..6].copy_from_slice(&1u16.to_le_bytes());
+    b[6] = 1;
+    b[12..20].copy_from_slice(&1u64.to_le_bytes());
+    b[20..24].copy_from_slice(&4u32.to_le_bytes());
+    b[28..36].copy_from_slice(&1024u64.to_le_bytes());
+    let bus = dev.pci_bus_id().unwrap();
+    b[44..44 + bus.len()].copy_from_slice(bus.as_bytes());
+    b[76..140].fill(0xa7);
+    IpcHandle::from_bytes(&b).unwrap()
 }
 
 /// Not a GPU test: a truncated offer on the channel is an exact error at the importer, before

@@ -35,6 +35,7 @@ mod review3;
 mod review4;
 mod review5;
 mod review6;
+mod review7;
 mod soundness;
 mod staged;
 mod views;
