@@ -19,9 +19,10 @@
 //! - raw: the cuda-mem executable graph launched by `cudaGraphLaunch` itself, without the
 //!   crate's bookkeeping (graph rows only): the floor the crate's launch is measured against.
 //!
-//! The kernels-only graphs are replayed over [`PLACEMENTS`] buffers, every side on the same
-//! memory (cudarc's graphs on untracked views of cuda-mem's buffers): that sequence's
-//! end-to-end time depends on where its buffer lies, by up to a quarter on the H200.
+//! Every side's graphs replay on the same memory (cudarc's on untracked views of cuda-mem's
+//! buffers, its mixed graph's copies from cuda-mem's pinned words; its eager rounds use its own
+//! slices): the end-to-end time depends on where the buffers lie, by up to a quarter on the
+//! H200 for the kernels-only sequence, which is replayed over [`PLACEMENTS`] buffers.
 //!
 //! Host time (the enqueue) and end-to-end time (enqueue and completion, a stream synchronize),
 //! medians of 200 rounds after 20 warm-up rounds, as graphs.cu measures them; rows in the
@@ -284,18 +285,20 @@ impl Cu {
         Ok(())
     }
 
-    /// The sequence captured on cudarc's stream, instantiated (the capture always ended); the
-    /// kernels on `target` where one is given (a view of cuda-mem's buffer), else on its own
-    /// slice.
-    fn capture(
-        &mut self,
-        kernels_only: bool,
-        target: Option<&mut CudaSlice<u32>>,
-    ) -> Result<CudaGraph> {
+    /// The sequence captured on cudarc's stream, instantiated (the capture always ended), on
+    /// the memory `on` names: its own slices, or views of cuda-mem's.
+    fn capture(&mut self, kernels_only: bool, on: Target<'_>) -> Result<CudaGraph> {
         let Cu { cs, f, h, d, e } = self;
-        let e = target.unwrap_or(e);
-        // (Waits for the pinned slice's event on the host, before the capture begins.)
-        let view: &[u32] = cu(h.as_slice(), "PinnedHostSlice::as_slice")?;
+        let (view, d, e): (&[u32], _, _) = match on {
+            Target::Own => (
+                // (Waits for the pinned slice's event on the host, before the capture begins.)
+                cu(h.as_slice(), "PinnedHostSlice::as_slice")?,
+                d,
+                e,
+            ),
+            Target::Kernels(e) => (&[], d, e),
+            Target::Mixed { h, d, e } => (h, d, e),
+        };
         cu(
             cs.begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
             "begin_capture",
@@ -474,24 +477,49 @@ struct Replays {
     raw: Times,
 }
 
-/// cudarc's captures of the sequence: one per view in `views` (on cuda-mem's memory), or one
-/// on its own slices where `views` is empty; uploaded. A capture that fails is reported (its
-/// rows left out), not fatal: then none.
+/// The memory one of cudarc's captures works on.
+enum Target<'a> {
+    /// Its own slices.
+    Own,
+    /// The kernels-only sequence on a view of cuda-mem's buffer.
+    Kernels(&'a mut CudaSlice<u32>),
+    /// The mixed sequence from cuda-mem's pinned words `h` through views of its `d` and `e`.
+    Mixed {
+        h: &'a [u32],
+        d: &'a mut CudaSlice<u32>,
+        e: &'a mut CudaSlice<u32>,
+    },
+}
+
+/// Where cudarc's graphs of a sequence work, on cuda-mem's memory where its side runs on
+/// untracked views of it ([`Views`]).
+enum On<'a> {
+    /// Its own slices: one graph.
+    Own,
+    /// The kernels-only sequence: one graph per view (placement).
+    Each(&'a mut [CudaSlice<u32>]),
+    /// The mixed sequence: one graph, from `h` through the views `[d, e]`.
+    Mixed(&'a [u32], &'a mut [CudaSlice<u32>]),
+}
+
+/// cudarc's captures of the sequence on the memory `on` names; uploaded. A capture that fails
+/// is reported (its rows left out), not fatal: then none.
 fn cudarc_graphs(
     res: &mut BenchResults,
     kernels_only: bool,
     cudarc: &mut Option<Cu>,
-    views: &mut [CudaSlice<u32>],
+    on: On<'_>,
 ) -> Result<Vec<CudaGraph>> {
-    let captured: Option<Result<Vec<CudaGraph>>> = cudarc.as_mut().map(|c| {
-        if views.is_empty() {
-            Ok(vec![c.capture(kernels_only, None)?])
-        } else {
-            views
-                .iter_mut()
-                .map(|v| c.capture(kernels_only, Some(v)))
-                .collect()
-        }
+    let captured: Option<Result<Vec<CudaGraph>>> = cudarc.as_mut().map(|c| match on {
+        On::Own => Ok(vec![c.capture(kernels_only, Target::Own)?]),
+        On::Each(views) => views
+            .iter_mut()
+            .map(|v| c.capture(kernels_only, Target::Kernels(v)))
+            .collect(),
+        On::Mixed(h, views) => match views {
+            [d, e] => Ok(vec![c.capture(kernels_only, Target::Mixed { h, d, e })?]),
+            _ => Err(refused("the mixed sequence needs views of d and e".into())),
+        },
     });
     Ok(match captured {
         None => Vec::new(),
@@ -582,7 +610,7 @@ fn graph_rows<R: GraphResources>(
     s: &Stream,
     cudarc: &mut Option<Cu>,
     graphs: Vec<Graph<R>>,
-    views: &mut [CudaSlice<u32>],
+    on: On<'_>,
     eager: &(Times, Times),
 ) -> Result<Vec<usize>> {
     if let Some(g) = graphs.first() {
@@ -599,7 +627,7 @@ fn graph_rows<R: GraphResources>(
         exec.upload(s)?;
     }
     s.synchronize()?;
-    let theirs = cudarc_graphs(res, kernels_only, cudarc, views)?;
+    let theirs = cudarc_graphs(res, kernels_only, cudarc, on)?;
     let raws: Vec<_> = execs.iter().map(GraphExec::as_raw).collect();
     let mut launched = vec![0usize; execs.len()];
     let c = cudarc.as_ref();
@@ -727,7 +755,15 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let launched = graph_rows(res, true, &s, &mut cudarc, graphs, &mut views.0, &ea)?;
+    let launched = graph_rows(
+        res,
+        true,
+        &s,
+        &mut cudarc,
+        graphs,
+        On::Each(&mut views.0),
+        &ea,
+    )?;
     drop(views);
     raw_reference(tiny, "after the replays")?;
     // Each replay (every side's) and each eager round of ours (on the first buffer) bumps
@@ -745,20 +781,32 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
     let (_, name) = names(false);
     progress(&format!("graphs: {name}"));
     let h = PinnedBuffer::from_slice(&init, HostAllocFlags::DEFAULT)?;
-    let mut d = DeviceBuffer::<u32>::zeroed(N)?;
-    let mut e = DeviceBuffer::<u32>::zeroed(N)?;
-    let ea = eager(false, &s, &mut cudarc, || {
-        ours_mixed(tiny, &h, &mut d, &mut e, &s)
-    })?;
+    let mut de = [
+        DeviceBuffer::<u32>::zeroed(N)?,
+        DeviceBuffer::<u32>::zeroed(N)?,
+    ];
+    // cudarc's graph on the same memory: views of `d` and `e`, its copies from `h`'s words (a
+    // plain slice: read only, by every side).
+    let mut views = Views::of(cudarc.as_ref(), &de);
+    let [d, e] = &mut de;
+    let ea = eager(false, &s, &mut cudarc, || ours_mixed(tiny, &h, d, e, &s))?;
     let graph = s.capture(
         CaptureMode::ThreadLocal,
-        (&h, &mut d, &mut e),
+        (&h, &mut *d, &mut *e),
         |cap, (h, d, e)| ours_mixed(tiny, h, d, e, cap.stream()),
     )?;
-    graph_rows(res, false, &s, &mut cudarc, vec![graph], &mut [], &ea)?;
+    let hv = h.as_slice()?;
+    let on = if views.0.is_empty() {
+        On::Own
+    } else {
+        On::Mixed(hv, &mut views.0)
+    };
+    graph_rows(res, false, &s, &mut cudarc, vec![graph], on, &ea)?;
+    drop(views);
+    let e = &de[1];
     // Each step zeroes `e`, copies the source in and bumps it: element i ends as i + 1.
     let want = |i: usize| i as u32 + 1;
-    check_ours(res, name, &e, want)?;
+    check_ours(res, name, e, want)?;
     check_cudarc(res, name, cudarc.as_ref(), want)
 }
 

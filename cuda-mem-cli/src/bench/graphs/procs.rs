@@ -361,7 +361,7 @@ fn cudarc_side(
         || cu(c.round(kernels_only), "eager round"),
         || cu(cs.synchronize(), "synchronize"),
     )?;
-    let g = c.capture(kernels_only, None)?;
+    let g = c.capture(kernels_only, super::Target::Own)?;
     cu(g.upload(), "CudaGraph::upload")?;
     let graph = phase(
         || cu(g.launch(), "CudaGraph::launch"),
