@@ -7,7 +7,8 @@
 #                                 # --sections graphs --graphs-reference`: graphs.cu's protocol
 #                                 # process by process beside graphs.cu itself, twice (the
 #                                 # second with graphs.cu's own kernel image)
-#   scripts/gpu-round4.sh final   # tests-all, the new tests under memcheck, the bench twice
+#   scripts/gpu-round4.sh final   # tests-all, the new tests under memcheck, graphs.cu and the
+#                                 # bench's graphs section twice
 set -u
 out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
 export CUDA_MEM_LOG_DIR="$out/logs" NCCL_NVLS_ENABLE=0
@@ -54,9 +55,10 @@ final)
   tests_all
   t=$(date +%s)
   CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 timeout 200 compute-sanitizer --tool memcheck \
-    --leak-check full --error-exitcode 9 "$b/tests/tests-all" --test-threads=1 review7 ipc \
-    >"$out/memcheck-new.txt" 2>&1
-  echo "memcheck review7+ipc rc=$? $(secs "$t") s"; grep -E 'test result|ERROR SUMMARY|LEAK' "$out/memcheck-new.txt" | head
+    --leak-check full --error-exitcode 9 "$b/tests/tests-all" --test-threads=1 review7 \
+    capturing_stream inside_a_capture >"$out/memcheck-new.txt" 2>&1
+  echo "memcheck, the new tests (review7, IPC under capture) rc=$? $(secs "$t") s"
+  grep -E '^test |test result|ERROR SUMMARY|LEAK' "$out/memcheck-new.txt" | head -20
   for i in 1 2; do graphs_cpp; bench_graphs "final$i"; done
   ;;
 esac
