@@ -2,11 +2,21 @@
 
 use comfy_table::{presets, ContentArrangement, Table};
 
-use crate::results::{BenchResults, InfoReport, ALLOC_KINDS, COPY_KINDS, KERNEL_KINDS};
+use crate::results::{BenchResults, HostRow, InfoReport, ALLOC_KINDS, COPY_KINDS, KERNEL_KINDS};
 use crate::units::{fmt_size, GIB, KIB, MIB};
 
 /// Sizes always shown in the copy table when measured (besides the smallest and largest).
 const KEY_SIZES: [u64; 4] = [4 * KIB, MIB, 16 * MIB, 256 * MIB];
+
+/// The cells of `HostRow`s for [`against_table`].
+fn host_rows<'a, I: Iterator<Item = &'a HostRow> + 'a>(
+    rows: I,
+) -> impl Iterator<Item = (&'static str, String, u64, &'static str, [f64; 3])> + 'a {
+    rows.map(|h| {
+        let nums = [h.ours, h.reference, h.ratio];
+        (h.test, h.config.clone(), h.bytes, h.unit, nums)
+    })
+}
 
 /// A table of figures against a reference: test, `names[0]` (what was measured), size, unit,
 /// ours (`names[1]`), the reference (`names[2]`) and the ratio; NaN prints as `-`.
@@ -422,10 +432,7 @@ pub fn bench_table(r: &BenchResults) -> String {
              memcpy on one thread, cudaHostAlloc + cudaFreeHost, cudaHostAlloc, the driver's \
              pageable cudaMemcpy; ratio = speed of ours / reference)\n",
         );
-        let rows = r.host.iter().map(|h| {
-            let nums = [h.ours, h.reference, h.ratio];
-            (h.test, h.config.clone(), h.bytes, h.unit, nums)
-        });
+        let rows = host_rows(r.host.iter());
         out.push_str(&against_table(["configuration", "ours", "reference"], rows));
     }
 
@@ -436,10 +443,7 @@ pub fn bench_table(r: &BenchResults) -> String {
              stream, GB/s through cuda-mem / raw cudaMemcpyAsync (geometric means per band; \
              every size in the JSON; ratio = speed of cuda-mem / raw)\n",
         );
-        let rows = r.shmoo.iter().filter(|h| !h.config.is_empty()).map(|h| {
-            let nums = [h.ours, h.reference, h.ratio];
-            (h.test, h.config.clone(), h.bytes, h.unit, nums)
-        });
+        let rows = host_rows(r.shmoo.iter().filter(|h| !h.config.is_empty()));
         out.push_str(&against_table(["summary", "cuda-mem", "raw"], rows));
     }
 
@@ -449,10 +453,7 @@ pub fn bench_table(r: &BenchResults) -> String {
             "\ncuda-mem × cudarc 0.19, the same operations in the same run, interleaved (ratio = \
              speed of cuda-mem / cudarc; > 1: cuda-mem is faster)\n",
         );
-        let rows = r.peers.iter().map(|h| {
-            let nums = [h.ours, h.reference, h.ratio];
-            (h.test, h.config.clone(), h.bytes, h.unit, nums)
-        });
+        let rows = host_rows(r.peers.iter());
         out.push_str(&against_table(
             ["configuration", "cuda-mem", "cudarc"],
             rows,
@@ -465,10 +466,7 @@ pub fn bench_table(r: &BenchResults) -> String {
             "\nCUDA graphs, graphs.cu's protocol in a fresh process per side and run, sides in \
              rotating order (ratio = speed of the side / the reference's; > 1: faster)\n",
         );
-        let rows = r.processes.iter().map(|h| {
-            let nums = [h.ours, h.reference, h.ratio];
-            (h.test, h.config.clone(), h.bytes, h.unit, nums)
-        });
+        let rows = host_rows(r.processes.iter());
         out.push_str(&against_table(
             ["side / reference: figure", "side", "reference"],
             rows,
@@ -543,6 +541,12 @@ mod tests {
             |l: &str| -> Vec<String> { l.split('|').map(|c| c.trim().to_string()).collect() };
         assert_eq!(cells(shmoo[0])[4..8], ["GB/s", "20.200", "20.400", "0.990"]);
         assert!(t.contains("cuda-mem × cudarc 0.19"));
+        assert!(t.contains("graphs.cu's protocol in a fresh process per side"));
+        let procs = t
+            .lines()
+            .find(|l| l.contains("graphs_processes_kernels"))
+            .unwrap();
+        assert_eq!(cells(procs)[4..8], ["us", "1.520", "1.500", "0.987"]);
         let peer = t.lines().find(|l| l.contains("alloc_free_pinned")).unwrap();
         assert_eq!(
             cells(peer)[3..8],
