@@ -7,8 +7,9 @@
 #                                 # --sections graphs --graphs-reference`: graphs.cu's protocol
 #                                 # process by process beside graphs.cu itself, twice (the
 #                                 # second with graphs.cu's own kernel image)
-#   scripts/gpu-round4.sh final   # tests-all, the new tests under memcheck, graphs.cu and the
-#                                 # bench's graphs section twice
+#   scripts/gpu-round4.sh final   # tests-all, the new tests under memcheck, the hot-path
+#                                 # harness's graph rows, graphs.cu and the bench's graphs
+#                                 # section three times
 set -u
 out=${OUT:-/tmp/cuda-mem-out}; mkdir -p "$out/logs"
 export CUDA_MEM_LOG_DIR="$out/logs" NCCL_NVLS_ENABLE=0
@@ -55,11 +56,15 @@ final)
   tests_all
   t=$(date +%s)
   CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 timeout 200 compute-sanitizer --tool memcheck \
-    --leak-check full --error-exitcode 9 "$b/tests/tests-all" --test-threads=1 review7 \
+    --leak-check full --error-exitcode 9 "$b/tests/tests-all" --test-threads=1 review7 review8 \
     capturing_stream inside_a_capture >"$out/memcheck-new.txt" 2>&1
   echo "memcheck, the new tests (review7, IPC under capture) rc=$? $(secs "$t") s"
   grep -E '^test |test result|ERROR SUMMARY|LEAK' "$out/memcheck-new.txt" | head -20
-  for i in 1 2; do graphs_cpp; bench_graphs "final$i"; done
+  # The launches' host cost over the raw call in one process, many interleaved pairs (the
+  # graph rows of the hot-path harness, on the real runtime: a captured memset of 1 and 3 buffers).
+  HOT_PATH_ONLY=graph timeout 120 "$b/bin/hot_path" 41 512 >"$out/hot-path-graph.txt" 2>&1
+  echo "hot_path graph rows rc=$?"; cat "$out/hot-path-graph.txt"
+  for i in 1 2 3; do graphs_cpp; bench_graphs "final$i"; done
   ;;
 esac
 cd "$out" && tar czf /tmp/all.tgz . && rm -rf ./* && mv /tmp/all.tgz . && ls

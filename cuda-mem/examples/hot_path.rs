@@ -317,15 +317,29 @@ fn graph_rows(
         let mut l1 = one.launcher(nb)?;
         let mut l3 = three.launcher(nb)?;
         for (name, n) in [("graph_launcher 1", 1), ("graph_launcher 3", 3)] {
-            let launch = |ours: bool| {
+            let mut launch = |ours: bool| {
                 if n == 1 {
                     launch_once(ours, || l1.launch(), raw1, nb)
                 } else {
                     launch_once(ours, || l3.launch(), raw3, nb)
                 }
             };
-            let t = launch_row(samples, calls, launch)?;
-            print_row(name, "non-blocking", t, "");
+            let t = launch_row(samples, calls, &mut launch)?;
+            let extra = match counters {
+                Some(c) => {
+                    let mut run = |ours: bool| -> Result<()> {
+                        for _ in 0..calls {
+                            launch(ours)?;
+                        }
+                        Ok(())
+                    };
+                    let o = c.of(&format!("{name} non-blocking|ours|{calls}"), || run(true))?;
+                    let r = c.of(&format!("{name} non-blocking|raw|{calls}"), || run(false))?;
+                    diff(&o, &r, calls)
+                }
+                None => String::new(),
+            };
+            print_row(name, "non-blocking", t, &extra);
         }
     }
     one.into_resources()?;
