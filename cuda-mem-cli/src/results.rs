@@ -244,7 +244,8 @@ pub struct BenchResults {
     /// graphs.cu's protocol run process by process (`bench::graphs::procs`): each side's
     /// medians over its processes beside the reference's (`reference`: graphs.cu where
     /// `--graphs-reference` names it, else raw `cuda-mem-sys` calls from Rust); `ratio` is the
-    /// speed of the side over the reference's.
+    /// speed of the side over the reference's, paired by round (the median over rounds of the
+    /// reference's figure over the side's).
     pub processes: Vec<HostRow>,
 }
 

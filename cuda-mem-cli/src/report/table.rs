@@ -464,7 +464,8 @@ pub fn bench_table(r: &BenchResults) -> String {
     if !r.processes.is_empty() {
         out.push_str(
             "\nCUDA graphs, graphs.cu's protocol in a fresh process per side and run, sides in \
-             rotating order (ratio = speed of the side / the reference's; > 1: faster)\n",
+             rotating order (ratio = speed of the side / the reference's, the median over \
+             rounds of the two processes' figures in the same round; > 1: faster)\n",
         );
         let rows = host_rows(r.processes.iter());
         out.push_str(&against_table(

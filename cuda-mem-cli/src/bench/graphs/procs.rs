@@ -415,6 +415,19 @@ fn spawn(
     }
 }
 
+/// The median over the rounds of `reference`'s figure over `side`'s in the same round (the
+/// speed of the side against the reference): the processes of one round ran one after
+/// another, so a slow stretch of the machine, which moved every side's host time from 1.4 to
+/// 2.4 µs for minutes on the H200, weighs on both sides of a ratio.
+fn paired(reference: &[Figures], side: &[Figures], f: impl Fn(&Figures) -> f64) -> f64 {
+    let ratios: Vec<f64> = reference
+        .iter()
+        .zip(side)
+        .map(|(r, s)| f(r) / f(s))
+        .collect();
+    median(&ratios)
+}
+
 /// `f` of the figures.
 fn med(fs: &[Figures], f: impl Fn(&Figures) -> f64) -> f64 {
     median(&fs.iter().map(f).collect::<Vec<_>>())
@@ -631,7 +644,8 @@ fn report(
             res.processes.push(HostRow {
                 test,
                 config: format!(
-                    "{} / {}: {what} per round, medians of {} / {} processes",
+                    "{} / {}: {what} per round, medians of {} / {} processes (ratio: paired \
+                     by round)",
                     side.name(),
                     sides[r].name(),
                     fs.len(),
@@ -641,7 +655,7 @@ fn report(
                 unit: "us",
                 ours,
                 reference,
-                ratio: reference / ours,
+                ratio: paired(rf, fs, get),
             });
         }
         // The gains, against the reference's in the same run.
@@ -655,12 +669,13 @@ fn report(
             gain(rf, |f| f.graph_end, |f| f.eager_end),
         );
         progress(&format!(
-            "  {name} {} / {}: graph host {:.3}, end to end {:.3} (speed, > 1: faster); graph \
+            "  {name} {} / {}: graph host {:.3}, end to end {:.3} (speed, paired by round; > 1: \
+             faster); graph \
              / eager host {host:.4} against {rhost:.4}, end to end {end:.3} against {rend:.3}",
             side.name(),
             sides[r].name(),
-            med(rf, |f| f.graph_host) / med(fs, |f| f.graph_host),
-            med(rf, |f| f.graph_end) / med(fs, |f| f.graph_end),
+            paired(rf, fs, |f| f.graph_host),
+            paired(rf, fs, |f| f.graph_end),
         ));
     }
 }
@@ -706,6 +721,23 @@ mod tests {
             parse("eager: host 1 us, end-to-end 2 us\ngraph: host 1 us, end-to-end 3 us\n"),
             None
         );
+    }
+
+    #[test]
+    fn ratios_are_paired_by_round() {
+        let f = |graph_host: f64| Figures {
+            eager_host: 1.0,
+            eager_end: 1.0,
+            graph_host,
+            graph_end: 1.0,
+            correct: true,
+        };
+        // The machine slows down between rounds for both sides: the side is 10% slower in each
+        // round, which the medians of each side alone (1.45 against 2.4: 0.6) do not say.
+        let reference = [f(1.0), f(1.45), f(2.2), f(2.4), f(2.5)];
+        let side = [f(1.1), f(1.595), f(2.42), f(2.64), f(2.75)];
+        let r = paired(&reference, &side, |x| x.graph_host);
+        assert!((r - 1.0 / 1.1).abs() < 1e-9, "{r}");
     }
 
     #[test]
