@@ -626,8 +626,9 @@ pub(crate) fn owns(token: u64) -> bool {
 /// join left a window in which such work passed the checks and was queued into the capture.)
 /// `Ok(true)` where `s` is newly noted: undo with [`unjoin`] if the join then fails.
 ///
-/// Waits at most [`OPS_WAIT_LIMIT`] ([`OPS_HELD`]): an operation in flight on `s` that waits
-/// for the lock of the buffer whose fence is joining holds this up until then.
+/// Waits at most [`OPS_WAIT_LIMIT`] ([`OPS_HELD`]), for operations in flight on `s`, which
+/// may need any buffer's tracker lock before they end: never call this holding one (the fence
+/// defers the join out of its tracker call, [`JOIN_DEFERRED`]).
 pub(crate) fn join(token: u64, s: &Arc<StreamInner>) -> Result<bool> {
     let newly = match registry().iter_mut().find(|o| o.token == token) {
         Some(o) if !o.streams.iter().any(|x| StreamInner::same(x, s)) => {
@@ -824,6 +825,22 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
     Ok(token)
 }
 
+/// Test seam: registers a capture begun on `origin` by the calling thread, without any runtime
+/// call (nothing is captured: the streams are stand-ins); [`close`] ends it.
+#[cfg(test)]
+pub(crate) fn open_for_test(origin: &Arc<StreamInner>) -> u64 {
+    let token = NEXT.fetch_add(1, Ordering::Relaxed);
+    registry().push(Open {
+        token,
+        thread: thread::current().id(),
+        streams: vec![origin.clone()],
+        allocs: 0,
+        begun: true,
+    });
+    OPEN.fetch_add(1, Ordering::SeqCst);
+    token
+}
+
 /// The streams the fence joined into the capture `token` (its origin excluded).
 pub(crate) fn joined(token: u64) -> Vec<Arc<StreamInner>> {
     registry()
@@ -906,6 +923,12 @@ pub(crate) const GRAPH_MEMORY_ESCAPED: &str =
 pub(crate) const OUTSIDE_CAPTURE: &str =
     "work outside an open stream capture would wait for work captured into it (only the \
      capturing thread joins streams into its capture)";
+/// A fence's wait under its tracker's lock that has to join its stream into the capture: it
+/// queues nothing, and the fence joins the stream with no lock held and orders again. Never
+/// reaches a caller.
+pub(crate) const JOIN_DEFERRED: &str =
+    "the stream has to be joined into the capture outside the buffer's lock (the fence does \
+     so and orders again; this refusal should not be seen)";
 /// The refusal of a wait on a stream that is capturing.
 pub(crate) const STREAM_CAPTURING: &str =
     "the stream is capturing: its work runs only when the graph is launched, so the host \

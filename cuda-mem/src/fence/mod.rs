@@ -45,20 +45,74 @@ thread_local! {
     /// around its tracker call, for work on a buffer given to that capture, queued by the
     /// capturing thread (a fork inside the capture).
     static JOIN: Cell<u64> = const { Cell::new(0) };
+    /// The stream a wait under [`JOIN`] found it had to join into the capture, not noted there
+    /// yet: the wait refused ([`capture::JOIN_DEFERRED`]) with nothing queued, so that the
+    /// fence joins it outside the tracker's lock ([`JoinPermit::run`]) and tries again.
+    static JOIN_WANTED: Cell<Option<Arc<StreamInner>>> = const { Cell::new(None) };
+    /// Set by a wait under [`JOIN`] that waited on an event captured into that capture: the
+    /// waiting stream is joined into it (on the runtime's side too).
+    static JOIN_MADE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// [`JOIN`] set while this lives.
-struct JoinPermit(u64);
+struct JoinPermit {
+    token: u64,
+    /// [`JOIN`]'s value before (permits nest only through re-entry, but restore anyway).
+    before: u64,
+}
 
 impl JoinPermit {
     fn new(token: u64) -> JoinPermit {
-        JoinPermit(JOIN.with(|j| j.replace(token)))
+        JoinPermit {
+            token,
+            before: JOIN.with(|j| j.replace(token)),
+        }
+    }
+
+    /// Runs `f`, a tracker call ordering work of the capturing thread on a stream that is not
+    /// in its capture (yet), and joins that stream into the capture where an ordering needs
+    /// it. The join's note and its handshake ([`capture::join`]) wait for other threads'
+    /// operations in flight on the stream, and such an operation may be waiting for this very
+    /// buffer's tracker lock (another thread's work on another part of the buffer): they must
+    /// not run under that lock, where the two threads would wait for each other until the
+    /// handshake gave up ([`capture::OPS_HELD`], after 10 s). So the wait under the lock that
+    /// finds a join needed refuses with nothing queued ([`capture::JOIN_DEFERRED`]); the join
+    /// is noted and settled here, with no lock held, and `f` runs again, its captured wait on
+    /// the noted stream being the join itself (note, handshake, event wait: that order). A
+    /// note whose event wait was not made is taken back.
+    fn run<R>(self, mut f: impl FnMut() -> Result<R>) -> Result<R> {
+        JOIN_WANTED.with(|w| w.set(None));
+        let first = f();
+        let Some(stream) = JOIN_WANTED.with(Cell::take) else {
+            return first;
+        };
+        let newly = capture::join(self.token, &stream)?;
+        JOIN_MADE.with(|m| m.set(false));
+        let again = f();
+        // (Not wanted again: the stream is noted now, and its waits are captured ones.)
+        JOIN_WANTED.with(|w| w.set(None));
+        if newly && !JOIN_MADE.with(Cell::get) {
+            capture::unjoin(self.token, &stream);
+        }
+        again
     }
 }
 
 impl Drop for JoinPermit {
     fn drop(&mut self) {
-        JOIN.with(|j| j.set(self.0));
+        JOIN.with(|j| j.set(self.before));
+    }
+}
+
+/// Runs `f` under `permit`, if there is one ([`JoinPermit::run`]).
+#[inline]
+fn joining<R>(permit: Option<JoinPermit>, f: impl FnMut() -> Result<R>) -> Result<R> {
+    match permit {
+        Some(p) => p.run(f),
+        None => {
+            let mut f = f;
+            f()
+        }
     }
 }
 
@@ -117,27 +171,25 @@ impl Backend for Cuda {
     }
 
     fn wait(stream: &Self::Stream, event: &FenceEvent) -> Result<()> {
-        let Some(e) = &event.event else {
+        if event.event.is_none() && event.capture == 0 {
+            // Known complete without a call (legacy work drained at a capture begin).
             return Ok(());
-        };
+        }
+        // Whether this wait joins `stream` into the capture of the caller's permit (a wait on
+        // a stream noted by `capture::join` for it).
+        let mut joins = false;
         if any_open() {
             let mine = capture_of(stream);
             match (event.capture, mine) {
                 // Both in the same capture: a captured dependency.
-                (c, Some(m)) if c == m => {}
+                (c, Some(m)) if c == m => joins = JOIN.with(Cell::get) == c,
                 // A fork: the capturing thread's work on a buffer given to the capture joins
-                // its stream into the capture.
+                // its stream into the capture. Not here, under the tracker's lock: the fence
+                // notes it and settles other threads' work on it first, with no lock held,
+                // then orders again (`JoinPermit::run`).
                 (c, None) if c != 0 && JOIN.with(Cell::get) == c && capture::owns(c) => {
-                    // Noted (and other threads' work on the stream settled) first, joined
-                    // after (see `capture::join`).
-                    let newly = capture::join(c, stream)?;
-                    if let Err(err) = e.wait_on_inner(stream) {
-                        if newly {
-                            capture::unjoin(c, stream);
-                        }
-                        return Err(err);
-                    }
-                    return Ok(());
+                    JOIN_WANTED.with(|w| w.set(Some(stream.clone())));
+                    return Err(invalid_argument("fence", capture::JOIN_DEFERRED));
                 }
                 (c, _) if c != 0 => {
                     return Err(invalid_argument("fence", capture::OUTSIDE_CAPTURE))
@@ -150,7 +202,14 @@ impl Backend for Cuda {
                 return Err(invalid_argument("fence", capture::LEGACY_DURING_CAPTURE));
             }
         }
-        e.wait_on_inner(stream)
+        // (A captured event without an event object is made by the unit tests only.)
+        if let Some(e) = &event.event {
+            e.wait_on_inner(stream)?;
+        }
+        if joins {
+            JOIN_MADE.with(|m| m.set(true));
+        }
+        Ok(())
     }
 
     fn query(event: &FenceEvent) -> Result<bool> {
@@ -179,6 +238,16 @@ impl Backend for Cuda {
 
     fn sync_stream(stream: &Self::Stream) -> Result<()> {
         if any_open() {
+            if JOIN_WANTED.with(|w| {
+                let v = w.take();
+                let wanted = v.is_some();
+                w.set(v);
+                wanted
+            }) {
+                // The tracker's fallback after a deferred join (a wait that refused to join
+                // under the lock): nothing to synchronize; the fence joins and orders again.
+                return Err(invalid_argument("fence", capture::JOIN_DEFERRED));
+            }
             if is_legacy(stream) {
                 return if capture::legacy_done(stream.device()) {
                     Ok(())
@@ -320,8 +389,8 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<()> {
-        let _join = self.capture_gate(inner)?;
-        self.core.begin_slow(inner, bytes, access)
+        let join = self.capture_gate(inner)?;
+        joining(join, || self.core.begin_slow(inner, bytes, access))
     }
 
     /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
@@ -335,12 +404,12 @@ impl Fence {
         // The waits it queues are in flight until it returns (the caller's own work after it
         // is not covered: see docs/graphs.md).
         let (_op, open) = InOp::enter(stream.inner());
-        let _join = if open || self.capture.load(Ordering::Relaxed) != 0 {
+        let join = if open || self.capture.load(Ordering::Relaxed) != 0 {
             self.capture_gate(stream.inner())?
         } else {
             None
         };
-        self.core.order(stream.inner(), bytes, access)
+        joining(join, || self.core.order(stream.inner(), bytes, access))
     }
 
     /// What an open capture allows of work on `stream` with this buffer: refused on the
@@ -440,7 +509,7 @@ impl Fence {
         };
         let (op, open) = InOp::enter(origin);
         // (A join permit, where the gate gives one, lasts until the free is ordered.)
-        let mut _join = None;
+        let mut join = None;
         if bound & GRAPH_MEMORY != 0 {
             let token = bound & !GRAPH_MEMORY;
             let origin_in = capture_of(origin) == Some(token);
@@ -451,13 +520,19 @@ impl Fence {
             if is_legacy(origin) {
                 return Err(invalid_argument("free", capture::LEGACY_DURING_CAPTURE));
             }
-            _join = self.capture_gate(origin)?;
+            join = self.capture_gate(origin)?;
         }
-        let s = self.core.order_origin_mut(bytes, access)?;
-        Ok(s.map(|s| OnOrigin {
-            stream: Stream::from_inner_ref(s),
-            _op: op,
-        }))
+        let core = &mut self.core;
+        let ordered = joining(join, || {
+            core.order_origin_mut(bytes, access).map(|s| s.is_some())
+        })?;
+        Ok(ordered
+            .then(|| self.core.origin())
+            .flatten()
+            .map(|s| OnOrigin {
+                stream: Stream::from_inner_ref(s),
+                _op: op,
+            }))
     }
 
     /// The handshake's side of a stream-ordered allocation on `stream`, entered before the
@@ -928,6 +1003,99 @@ mod tests {
         let s = crate::handles::stream::StreamInner::hot_end();
         assert!(s <= 64, "a stream's hot fields end at byte {s}");
         assert_eq!(align_of::<crate::handles::stream::StreamInner>(), 64);
+    }
+
+    /// Review 8 (join stall): the capturing thread's work on a buffer given to its capture,
+    /// queued on a stream T outside the capture, joins T into the capture, and the join waits
+    /// for other threads' operations in flight on T (the handshake). Another thread's
+    /// operation on T on another part of the same buffer (a view) needs that buffer's tracker
+    /// lock: when the join ran inside the tracker call, under that lock, the two threads waited
+    /// for each other until the handshake gave up (`OPS_HELD`, after 10 s; 300 ms in the unit
+    /// tests), and the fork was refused. The join must settle the other thread's operation
+    /// with no lock held: both succeed, the fork within the other operation's time, and T is
+    /// joined. Stand-in streams and a captured event without an event object: no runtime
+    /// call. Run in a child process (it opens a capture, which the other tests of this
+    /// process must not see).
+    #[test]
+    #[cfg_attr(miri, ignore = "runs a child process")]
+    fn a_join_settles_another_threads_work_on_the_buffer_outside_its_lock() {
+        use super::capture;
+        use std::time::{Duration, Instant};
+        const CHILD: &str = "CUDA_MEM_TEST_JOIN_STALL_CHILD";
+        const NAME: &str =
+            "fence::tests::a_join_settles_another_threads_work_on_the_buffer_outside_its_lock";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "the child failed:\n{text}");
+            assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+            return;
+        }
+        let stand_in = |raw: usize| {
+            // SAFETY: a stand-in handle that never reaches the runtime: not a default stream
+            // (no device check), not owned (never destroyed), and no call is made on it (the
+            // one event is a captured one without an event object).
+            unsafe {
+                crate::Stream::from_raw(
+                    raw as crate::sys::cudaStream_t,
+                    crate::Device::from_ordinal_unchecked(0),
+                )
+            }
+        };
+        let (s, t) = (stand_in(0x1000), stand_in(0x2000));
+        let token = capture::open_for_test(s.inner());
+        let f = super::Fence::default();
+        f.bind(token).unwrap();
+        // The capture wrote the first half on its origin.
+        f.core.mark_recorded(
+            s.inner(),
+            (0, 32),
+            Access::Write,
+            super::FenceEvent {
+                event: None,
+                capture: token,
+            },
+        );
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (fork, other) = std::thread::scope(|sc| {
+            let other = sc.spawn(|| {
+                // Another thread's operation on T (several buffers: in flight from its first),
+                // which reaches this buffer's second half a little later.
+                let (op, _) = super::capture::InOp::enter(t.inner());
+                entered_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                let r = f.begin(&t, (32, 64), Access::Read).map(drop);
+                drop(op);
+                r
+            });
+            entered_rx.recv().unwrap();
+            // The capturing thread reads the first half on T: ordered after the captured
+            // write, it joins T.
+            let start = Instant::now();
+            let r = f.begin(&t, (0, 32), Access::Read).map(drop);
+            (r.map(|()| start.elapsed()), other.join().unwrap())
+        });
+        let joined = capture::joined(token);
+        f.unbind(token);
+        capture::close(token);
+        let took = fork.unwrap_or_else(|e| panic!("the fork was refused: {e}"));
+        other.unwrap_or_else(|e| panic!("the other thread's work was refused: {e}"));
+        assert!(
+            took < Duration::from_millis(250),
+            "the fork waited {took:?} for the other thread's work"
+        );
+        assert!(
+            joined.len() == 1 && crate::handles::stream::StreamInner::same(&joined[0], t.inner()),
+            "T was not joined into the capture: {joined:?}"
+        );
     }
 
     /// This thread's lock acquisitions by trackers since the last call.
