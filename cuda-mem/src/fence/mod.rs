@@ -104,6 +104,20 @@ impl Drop for JoinPermit {
     }
 }
 
+/// The capture `stream` captures into, as this thread's work on it is to see it: a stream the
+/// capturing thread is joining into its capture (noted, the join not yet made) is in it for
+/// that thread's join only. Other work that gets this far on it passed its capture check
+/// before the note, so the join's handshake waits for it, and it is queued outside the
+/// capture (work that checks after the note is refused: [`capture::JOINING`],
+/// [`capture::NOT_GIVEN`]); ordering it as captured work would skip its waits for work outside
+/// the capture, and its waits on captured events would join the stream from this thread.
+fn capture_seen(stream: &StreamInner) -> Option<u64> {
+    match capture::capture_and_joining(stream)? {
+        (c, _, true) if !(JOIN.with(Cell::get) == c && capture::owns(c)) => None,
+        (c, _, _) => Some(c),
+    }
+}
+
 /// Runs `f` under `permit`, if there is one ([`JoinPermit::run`]).
 #[inline]
 fn joining<R>(permit: Option<JoinPermit>, f: impl FnMut() -> Result<R>) -> Result<R> {
@@ -179,7 +193,7 @@ impl Backend for Cuda {
         // a stream noted by `capture::join` for it).
         let mut joins = false;
         if any_open() {
-            let mine = capture_of(stream);
+            let mine = capture_seen(stream);
             match (event.capture, mine) {
                 // Both in the same capture: a captured dependency.
                 (c, Some(m)) if c == m => joins = JOIN.with(Cell::get) == c,
@@ -207,6 +221,8 @@ impl Backend for Cuda {
             e.wait_on_inner(stream)?;
         }
         if joins {
+            // The join itself, where `stream` was noted for this permit: made.
+            capture::joined_now(event.capture, stream);
             JOIN_MADE.with(|m| m.set(true));
         }
         Ok(())
@@ -270,7 +286,7 @@ impl Backend for Cuda {
 
     fn skip(entry: &Self::Stream, stream: &Self::Stream) -> bool {
         // Captured work is ordered after work outside its capture by the graph's launches.
-        any_open() && capture_of(stream).is_some_and(|c| capture_of(entry) != Some(c))
+        any_open() && capture_seen(stream).is_some_and(|c| capture_of(entry) != Some(c))
     }
 
     fn current(event: &FenceEvent) -> bool {
@@ -435,8 +451,11 @@ impl Fence {
         if is_legacy(stream) {
             return Err(invalid_argument(OP, capture::LEGACY_DURING_CAPTURE));
         }
-        match capture_of(stream) {
-            Some(c) if c == token => Ok(None),
+        match capture::capture_and_joining(stream) {
+            // The capturing thread is joining the stream (another thread's work, or this
+            // one's: its join is made before any other work of its own).
+            Some((c, _, true)) if c == token => Err(invalid_argument(OP, capture::JOINING)),
+            Some((c, _, _)) if c == token => Ok(None),
             Some(_) => Err(invalid_argument(OP, capture::NOT_GIVEN)),
             None if token != 0 && capture::owns(token) => Ok(Some(JoinPermit::new(token))),
             None => Ok(None),
@@ -1005,40 +1024,54 @@ mod tests {
         assert_eq!(align_of::<crate::handles::stream::StreamInner>(), 64);
     }
 
-    /// Review 8 (join stall): the capturing thread's work on a buffer given to its capture,
-    /// queued on a stream T outside the capture, joins T into the capture, and the join waits
-    /// for other threads' operations in flight on T (the handshake). Another thread's
-    /// operation on T on another part of the same buffer (a view) needs that buffer's tracker
-    /// lock: when the join ran inside the tracker call, under that lock, the two threads waited
-    /// for each other until the handshake gave up (`OPS_HELD`, after 10 s; 300 ms in the unit
-    /// tests), and the fork was refused. The join must settle the other thread's operation
-    /// with no lock held: both succeed, the fork within the other operation's time, and T is
-    /// joined. Stand-in streams and a captured event without an event object: no runtime
-    /// call. Run in a child process (it opens a capture, which the other tests of this
-    /// process must not see).
-    #[test]
-    #[cfg_attr(miri, ignore = "runs a child process")]
-    fn a_join_settles_another_threads_work_on_the_buffer_outside_its_lock() {
-        use super::capture;
-        use std::time::{Duration, Instant};
-        const CHILD: &str = "CUDA_MEM_TEST_JOIN_STALL_CHILD";
-        const NAME: &str =
-            "fence::tests::a_join_settles_another_threads_work_on_the_buffer_outside_its_lock";
-        if std::env::var_os(CHILD).is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
-                .env(CHILD, "1")
-                .output()
-                .unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(out.status.success(), "the child failed:\n{text}");
-            assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
-            return;
+    /// Runs the test `name` (this module's) in a child process, where it opens a capture that
+    /// the other tests of this process must not see: true in the child, which runs the test;
+    /// false in the parent, once the child passed.
+    fn in_child(name: &str) -> bool {
+        const CHILD: &str = "CUDA_MEM_TEST_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            return true;
         }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                &format!("fence::tests::{name}"),
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "the child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+        false
+    }
+
+    /// What the join race of review 8 gave: the capturing thread's fork (its time), the other
+    /// thread's work, and the streams joined into the capture.
+    type Raced = (
+        crate::Result<std::time::Duration>,
+        crate::Result<()>,
+        Vec<Arc<crate::handles::stream::StreamInner>>,
+    );
+
+    /// Review 8 (join stall), the race: a buffer given to a capture on a stand-in stream S,
+    /// its first half written by the capture (a captured event without an event object: no
+    /// runtime call is made). Another thread queues a read of the second half on a stand-in
+    /// stream T (in flight on T from before its capture check), while the capturing thread
+    /// reads the first half on T (a fork: ordered after the captured write, it joins T into
+    /// the capture). `other_first`: the other thread's capture check comes before the join's
+    /// note (it is let go by the join, which waits up to 1 s for its work to be queued);
+    /// otherwise it comes 100 ms after its operation began, after the note.
+    fn join_race(other_first: bool) -> Raced {
+        use super::capture;
+        use std::sync::mpsc;
+        use std::time::{Duration, Instant};
         let stand_in = |raw: usize| {
             // SAFETY: a stand-in handle that never reaches the runtime: not a default stream
             // (no device check), not owned (never destroyed), and no call is made on it (the
@@ -1054,7 +1087,6 @@ mod tests {
         let token = capture::open_for_test(s.inner());
         let f = super::Fence::default();
         f.bind(token).unwrap();
-        // The capture wrote the first half on its origin.
         f.core.mark_recorded(
             s.inner(),
             (0, 32),
@@ -1064,38 +1096,106 @@ mod tests {
                 capture: token,
             },
         );
-        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        if other_first {
+            capture::tests_hook::BEFORE_JOIN.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move || {
+                    go_tx.send(()).unwrap();
+                    // Under the buffer's lock (the join inside the tracker's wait), the other
+                    // thread blocks on it: given up after 1 s.
+                    let _ = done_rx.recv_timeout(Duration::from_secs(1));
+                }));
+            });
+        }
+        let (fr, tr) = (&f, &t);
         let (fork, other) = std::thread::scope(|sc| {
-            let other = sc.spawn(|| {
-                // Another thread's operation on T (several buffers: in flight from its first),
-                // which reaches this buffer's second half a little later.
-                let (op, _) = super::capture::InOp::enter(t.inner());
+            let other = sc.spawn(move || {
+                // In flight on T (an operation on several buffers is, from its first).
+                let (op, _) = capture::InOp::enter(tr.inner());
                 entered_tx.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(100));
-                let r = f.begin(&t, (32, 64), Access::Read).map(drop);
+                if other_first {
+                    go_rx.recv().unwrap();
+                } else {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let r = fr.begin(tr, (32, 64), Access::Read).map(drop);
+                let _ = done_tx.send(());
                 drop(op);
                 r
             });
             entered_rx.recv().unwrap();
-            // The capturing thread reads the first half on T: ordered after the captured
-            // write, it joins T.
             let start = Instant::now();
             let r = f.begin(&t, (0, 32), Access::Read).map(drop);
             (r.map(|()| start.elapsed()), other.join().unwrap())
         });
+        capture::tests_hook::BEFORE_JOIN.with(|h| h.borrow_mut().take());
         let joined = capture::joined(token);
         f.unbind(token);
         capture::close(token);
+        (fork, other, joined)
+    }
+
+    /// The checks of [`join_race`] that hold whichever thread checks first: the fork succeeds
+    /// without waiting for a handshake that cannot end (under 1 s: the other thread's
+    /// operation lasts 100 ms at most), and T is joined.
+    fn fork_joined(
+        fork: crate::Result<std::time::Duration>,
+        joined: &[Arc<crate::handles::stream::StreamInner>],
+    ) {
         let took = fork.unwrap_or_else(|e| panic!("the fork was refused: {e}"));
-        other.unwrap_or_else(|e| panic!("the other thread's work was refused: {e}"));
         assert!(
-            took < Duration::from_millis(250),
+            took < std::time::Duration::from_millis(900),
             "the fork waited {took:?} for the other thread's work"
         );
         assert!(
-            joined.len() == 1 && crate::handles::stream::StreamInner::same(&joined[0], t.inner()),
+            joined.len() == 1 && joined[0].raw() as usize == 0x2000,
             "T was not joined into the capture: {joined:?}"
         );
+    }
+
+    /// Review 8 (join stall): the capturing thread's work on a buffer given to its capture,
+    /// queued on a stream T outside the capture, joins T into the capture, and the join waits
+    /// for other threads' operations in flight on T (the handshake). Another thread's
+    /// operation on T on another part of the same buffer, past its capture check, needs that
+    /// buffer's tracker lock: when the join ran inside the tracker's wait, under that lock, the
+    /// two threads waited for each other until the handshake gave up (`OPS_HELD`, after 10 s;
+    /// 300 ms in the unit tests), and the fork was refused. The join must settle the other
+    /// thread's operation with no lock held: both succeed (the other work is queued before
+    /// the join, outside the capture: it checked before the note), and T is joined. Run in a
+    /// child process.
+    #[test]
+    #[cfg_attr(miri, ignore = "runs a child process")]
+    fn a_join_settles_another_threads_work_on_the_buffer_outside_its_lock() {
+        if !in_child("a_join_settles_another_threads_work_on_the_buffer_outside_its_lock") {
+            return;
+        }
+        let (fork, other, joined) = join_race(true);
+        other.unwrap_or_else(|e| panic!("the other thread's work was refused: {e}"));
+        fork_joined(fork, &joined);
+    }
+
+    /// Review 8: the other thread's operation of the join race, in flight on T from before the
+    /// join, reaches its capture check after the join's note: it cannot tell whether the
+    /// join's handshake saw it (its work could land on either side of the join), so it is
+    /// refused at once with the exact `JOINING`, and the fork succeeds without waiting for the
+    /// handshake's limit. (Treated as captured work, it skipped its waits for work outside the
+    /// capture while being queued before the join, and its own waits on captured events
+    /// joined T from its thread.) Run in a child process.
+    #[test]
+    #[cfg_attr(miri, ignore = "runs a child process")]
+    fn work_checked_during_a_join_of_its_stream_is_refused_at_once() {
+        if !in_child("work_checked_during_a_join_of_its_stream_is_refused_at_once") {
+            return;
+        }
+        let (fork, other, joined) = join_race(false);
+        match other {
+            Err(crate::Error::Misuse(crate::Misuse::InvalidArgument { reason, .. }))
+                if reason == super::capture::JOINING => {}
+            r => panic!("the other thread's work: {r:?}"),
+        }
+        fork_joined(fork, &joined);
     }
 
     /// This thread's lock acquisitions by trackers since the last call.
