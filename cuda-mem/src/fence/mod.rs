@@ -45,10 +45,12 @@ thread_local! {
     /// around its tracker call, for work on a buffer given to that capture, queued by the
     /// capturing thread (a fork inside the capture).
     static JOIN: Cell<u64> = const { Cell::new(0) };
-    /// The stream a wait under [`JOIN`] found it had to join into the capture, not noted there
-    /// yet: the wait refused ([`capture::JOIN_DEFERRED`]) with nothing queued, so that the
-    /// fence joins it outside the tracker's lock ([`JoinPermit::run`]) and tries again.
-    static JOIN_WANTED: Cell<Option<Arc<StreamInner>>> = const { Cell::new(None) };
+    /// Set by a wait under [`JOIN`] that found it had to join its stream into the capture, not
+    /// noted there yet: the wait refused ([`capture::JOIN_DEFERRED`]) with nothing queued, so
+    /// that the fence joins the stream outside the tracker's lock ([`JoinPermit::run`]) and
+    /// tries again. (No destructor, as none of these: a fence may be used from another
+    /// thread-local's destructor.)
+    static JOIN_WANTED: Cell<bool> = const { Cell::new(false) };
     /// Set by a wait under [`JOIN`] that waited on an event captured into that capture: the
     /// waiting stream is joined into it (on the runtime's side too).
     static JOIN_MADE: Cell<bool> = const { Cell::new(false) };
@@ -80,19 +82,21 @@ impl JoinPermit {
     /// is noted and settled here, with no lock held, and `f` runs again, its captured wait on
     /// the noted stream being the join itself (note, handshake, event wait: that order). A
     /// note whose event wait was not made is taken back.
-    fn run<R>(self, mut f: impl FnMut() -> Result<R>) -> Result<R> {
-        JOIN_WANTED.with(|w| w.set(None));
+    ///
+    /// `stream`: the stream `f` orders (every wait it makes is on it).
+    fn run<R>(self, stream: &Arc<StreamInner>, mut f: impl FnMut() -> Result<R>) -> Result<R> {
+        JOIN_WANTED.with(|w| w.set(false));
         let first = f();
-        let Some(stream) = JOIN_WANTED.with(Cell::take) else {
+        if !JOIN_WANTED.with(|w| w.replace(false)) {
             return first;
-        };
-        let newly = capture::join(self.token, &stream)?;
+        }
+        let newly = capture::join(self.token, stream)?;
         JOIN_MADE.with(|m| m.set(false));
         let again = f();
         // (Not wanted again: the stream is noted now, and its waits are captured ones.)
-        JOIN_WANTED.with(|w| w.set(None));
+        JOIN_WANTED.with(|w| w.set(false));
         if newly && !JOIN_MADE.with(Cell::get) {
-            capture::unjoin(self.token, &stream);
+            capture::unjoin(self.token, stream);
         }
         again
     }
@@ -118,11 +122,15 @@ fn capture_seen(stream: &StreamInner) -> Option<u64> {
     }
 }
 
-/// Runs `f` under `permit`, if there is one ([`JoinPermit::run`]).
+/// Runs `f`, which orders `stream`, under `permit`, if there is one ([`JoinPermit::run`]).
 #[inline]
-fn joining<R>(permit: Option<JoinPermit>, f: impl FnMut() -> Result<R>) -> Result<R> {
+fn joining<R>(
+    permit: Option<JoinPermit>,
+    stream: &Arc<StreamInner>,
+    f: impl FnMut() -> Result<R>,
+) -> Result<R> {
     match permit {
-        Some(p) => p.run(f),
+        Some(p) => p.run(stream, f),
         None => {
             let mut f = f;
             f()
@@ -202,7 +210,7 @@ impl Backend for Cuda {
                 // notes it and settles other threads' work on it first, with no lock held,
                 // then orders again (`JoinPermit::run`).
                 (c, None) if c != 0 && JOIN.with(Cell::get) == c && capture::owns(c) => {
-                    JOIN_WANTED.with(|w| w.set(Some(stream.clone())));
+                    JOIN_WANTED.with(|w| w.set(true));
                     return Err(invalid_argument("fence", capture::JOIN_DEFERRED));
                 }
                 (c, _) if c != 0 => {
@@ -254,12 +262,7 @@ impl Backend for Cuda {
 
     fn sync_stream(stream: &Self::Stream) -> Result<()> {
         if any_open() {
-            if JOIN_WANTED.with(|w| {
-                let v = w.take();
-                let wanted = v.is_some();
-                w.set(v);
-                wanted
-            }) {
+            if JOIN_WANTED.try_with(Cell::get).unwrap_or(false) {
                 // The tracker's fallback after a deferred join (a wait that refused to join
                 // under the lock): nothing to synchronize; the fence joins and orders again.
                 return Err(invalid_argument("fence", capture::JOIN_DEFERRED));
@@ -406,7 +409,7 @@ impl Fence {
         access: Access,
     ) -> Result<()> {
         let join = self.capture_gate(inner)?;
-        joining(join, || self.core.begin_slow(inner, bytes, access))
+        joining(join, inner, || self.core.begin_slow(inner, bytes, access))
     }
 
     /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
@@ -425,7 +428,9 @@ impl Fence {
         } else {
             None
         };
-        joining(join, || self.core.order(stream.inner(), bytes, access))
+        joining(join, stream.inner(), || {
+            self.core.order(stream.inner(), bytes, access)
+        })
     }
 
     /// What an open capture allows of work on `stream` with this buffer: refused on the
@@ -541,17 +546,20 @@ impl Fence {
             }
             join = self.capture_gate(origin)?;
         }
-        let core = &mut self.core;
-        let ordered = joining(join, || {
-            core.order_origin_mut(bytes, access).map(|s| s.is_some())
-        })?;
-        Ok(ordered
-            .then(|| self.core.origin())
-            .flatten()
-            .map(|s| OnOrigin {
-                stream: Stream::from_inner_ref(s),
-                _op: op,
-            }))
+        if let Some(permit) = join {
+            // A fork's free (cold): the stream cloned, the borrow of the tracker going to the
+            // ordering, which may run twice.
+            let origin = origin.clone();
+            let core = &mut self.core;
+            permit.run(&origin, || core.order_origin_mut(bytes, access).map(|_| ()))?;
+        } else {
+            self.core.order_origin_mut(bytes, access)?;
+        }
+        // (`order_origin_mut` hands back the origin, which the tracker has.)
+        Ok(self.core.origin().map(|s| OnOrigin {
+            stream: Stream::from_inner_ref(s),
+            _op: op,
+        }))
     }
 
     /// The handshake's side of a stream-ordered allocation on `stream`, entered before the
