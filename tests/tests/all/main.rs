@@ -36,6 +36,7 @@ mod review4;
 mod review5;
 mod review6;
 mod review7;
+mod review8;
 mod soundness;
 mod staged;
 mod views;
