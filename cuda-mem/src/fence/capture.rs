@@ -574,10 +574,6 @@ struct Open {
     allocs: usize,
     /// Whether `cudaStreamBeginCapture` has returned (registered before, see [`begin`]).
     begun: bool,
-    /// The stream the capturing thread is joining into it: noted ([`join`]), its join (the
-    /// wait on a captured event) not yet made ([`joined_now`]). Work that another thread
-    /// queues on it meanwhile lands before the join or after it, by timing.
-    joining: Option<Arc<StreamInner>>,
 }
 
 fn registry() -> MutexGuard<'static, Vec<Open>> {
@@ -596,25 +592,16 @@ pub(crate) fn capture_of(s: &StreamInner) -> Option<u64> {
     capture_state_of(s).map(|(token, _)| token)
 }
 
-/// The capture `s` captures into, and whether it has begun on `s` (else it is beginning, or
-/// joining `s`: work queued now may or may not land in it).
+/// The capture `s` captures into, and whether it has begun (else it is beginning: work
+/// queued now may or may not land in it).
 pub(crate) fn capture_state_of(s: &StreamInner) -> Option<(u64, bool)> {
-    capture_and_joining(s).map(|(token, begun, joining)| (token, begun && !joining))
-}
-
-/// The capture `s` captures into, whether that capture has begun, and whether its thread is
-/// joining `s` into it ([`join`] made, [`joined_now`] not yet).
-pub(crate) fn capture_and_joining(s: &StreamInner) -> Option<(u64, bool, bool)> {
     if !any_open() {
         return None;
     }
     registry()
         .iter()
         .find(|o| o.streams.iter().any(|x| StreamInner::same(x, s)))
-        .map(|o| {
-            let joining = o.joining.as_ref().is_some_and(|j| StreamInner::same(j, s));
-            (o.token, o.begun, joining)
-        })
+        .map(|o| (o.token, o.begun))
 }
 
 /// Whether the capture `token` is still open.
@@ -639,18 +626,12 @@ pub(crate) fn owns(token: u64) -> bool {
 /// join left a window in which such work passed the checks and was queued into the capture.)
 /// `Ok(true)` where `s` is newly noted: undo with [`unjoin`] if the join then fails.
 ///
-/// Waits at most [`OPS_WAIT_LIMIT`] ([`OPS_HELD`]), for operations in flight on `s`, which
-/// may need any buffer's tracker lock before they end: never call this holding one (the fence
-/// defers the join out of its tracker call, [`JOIN_DEFERRED`]).
+/// Waits at most [`OPS_WAIT_LIMIT`] ([`OPS_HELD`]): an operation in flight on `s` that waits
+/// for the lock of the buffer whose fence is joining holds this up until then.
 pub(crate) fn join(token: u64, s: &Arc<StreamInner>) -> Result<bool> {
-    #[cfg(test)]
-    if let Some(hook) = tests_hook::BEFORE_JOIN.with(|h| h.borrow_mut().take()) {
-        hook();
-    }
     let newly = match registry().iter_mut().find(|o| o.token == token) {
         Some(o) if !o.streams.iter().any(|x| StreamInner::same(x, s)) => {
             o.streams.push(s.clone());
-            o.joining = Some(s.clone());
             true
         }
         _ => false,
@@ -668,19 +649,6 @@ pub(crate) fn join(token: u64, s: &Arc<StreamInner>) -> Result<bool> {
 pub(crate) fn unjoin(token: u64, s: &Arc<StreamInner>) {
     if let Some(o) = registry().iter_mut().find(|o| o.token == token) {
         o.streams.retain(|x| !StreamInner::same(x, s));
-        if o.joining.as_ref().is_some_and(|j| StreamInner::same(j, s)) {
-            o.joining = None;
-        }
-    }
-}
-
-/// The join of `s` into the capture `token` that [`join`] noted is made (its wait on a
-/// captured event returned): `s` captures into it from now on.
-pub(crate) fn joined_now(token: u64, s: &StreamInner) {
-    if let Some(o) = registry().iter_mut().find(|o| o.token == token) {
-        if o.joining.as_ref().is_some_and(|j| StreamInner::same(j, s)) {
-            o.joining = None;
-        }
     }
 }
 
@@ -832,7 +800,6 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
         streams: vec![origin.clone()],
         allocs: 0,
         begun: false,
-        joining: None,
     });
     // Registered first, then raised (release: an operation that sees the count sees the
     // entry), then the capture side of the handshake.
@@ -855,35 +822,6 @@ pub(crate) fn begin(origin: &Arc<StreamInner>, mode: sys::cudaStreamCaptureMode)
         o.begun = true;
     }
     Ok(token)
-}
-
-/// Test seams.
-#[cfg(test)]
-pub(crate) mod tests_hook {
-    use std::cell::RefCell;
-
-    thread_local! {
-        /// Run (once) by this thread's next [`join`](super::join), before its note.
-        pub(crate) static BEFORE_JOIN: RefCell<Option<Box<dyn FnOnce()>>> =
-            const { RefCell::new(None) };
-    }
-}
-
-/// Test seam: registers a capture begun on `origin` by the calling thread, without any runtime
-/// call (nothing is captured: the streams are stand-ins); [`close`] ends it.
-#[cfg(test)]
-pub(crate) fn open_for_test(origin: &Arc<StreamInner>) -> u64 {
-    let token = NEXT.fetch_add(1, Ordering::Relaxed);
-    registry().push(Open {
-        token,
-        thread: thread::current().id(),
-        streams: vec![origin.clone()],
-        allocs: 0,
-        begun: true,
-        joining: None,
-    });
-    OPEN.fetch_add(1, Ordering::SeqCst);
-    token
 }
 
 /// The streams the fence joined into the capture `token` (its origin excluded).
@@ -968,18 +906,6 @@ pub(crate) const GRAPH_MEMORY_ESCAPED: &str =
 pub(crate) const OUTSIDE_CAPTURE: &str =
     "work outside an open stream capture would wait for work captured into it (only the \
      capturing thread joins streams into its capture)";
-/// A fence's wait under its tracker's lock that has to join its stream into the capture: it
-/// queues nothing, and the fence joins the stream with no lock held and orders again. Never
-/// reaches a caller.
-pub(crate) const JOIN_DEFERRED: &str =
-    "the stream has to be joined into the capture outside the buffer's lock (the fence does \
-     so and orders again; this refusal should not be seen)";
-/// The refusal of another thread's work on a buffer given to a capture, on a stream that the
-/// capturing thread is joining into it.
-pub(crate) const JOINING: &str =
-    "the capturing thread is joining this stream into its capture (its work on a buffer given \
-     to the capture is ordered there): work queued on the stream now would land in the graph \
-     or not, by timing; queue it before the fork, or after the capture";
 /// The refusal of a wait on a stream that is capturing.
 pub(crate) const STREAM_CAPTURING: &str =
     "the stream is capturing: its work runs only when the graph is launched, so the host \

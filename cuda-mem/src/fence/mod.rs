@@ -45,96 +45,20 @@ thread_local! {
     /// around its tracker call, for work on a buffer given to that capture, queued by the
     /// capturing thread (a fork inside the capture).
     static JOIN: Cell<u64> = const { Cell::new(0) };
-    /// Set by a wait under [`JOIN`] that found it had to join its stream into the capture, not
-    /// noted there yet: the wait refused ([`capture::JOIN_DEFERRED`]) with nothing queued, so
-    /// that the fence joins the stream outside the tracker's lock ([`JoinPermit::run`]) and
-    /// tries again. (No destructor, as none of these: a fence may be used from another
-    /// thread-local's destructor.)
-    static JOIN_WANTED: Cell<bool> = const { Cell::new(false) };
-    /// Set by a wait under [`JOIN`] that waited on an event captured into that capture: the
-    /// waiting stream is joined into it (on the runtime's side too).
-    static JOIN_MADE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// [`JOIN`] set while this lives.
-struct JoinPermit {
-    token: u64,
-    /// [`JOIN`]'s value before (permits nest only through re-entry, but restore anyway).
-    before: u64,
-}
+struct JoinPermit(u64);
 
 impl JoinPermit {
     fn new(token: u64) -> JoinPermit {
-        JoinPermit {
-            token,
-            before: JOIN.with(|j| j.replace(token)),
-        }
-    }
-
-    /// Runs `f`, a tracker call ordering work of the capturing thread on a stream that is not
-    /// in its capture (yet), and joins that stream into the capture where an ordering needs
-    /// it. The join's note and its handshake ([`capture::join`]) wait for other threads'
-    /// operations in flight on the stream, and such an operation may be waiting for this very
-    /// buffer's tracker lock (another thread's work on another part of the buffer): they must
-    /// not run under that lock, where the two threads would wait for each other until the
-    /// handshake gave up ([`capture::OPS_HELD`], after 10 s). So the wait under the lock that
-    /// finds a join needed refuses with nothing queued ([`capture::JOIN_DEFERRED`]); the join
-    /// is noted and settled here, with no lock held, and `f` runs again, its captured wait on
-    /// the noted stream being the join itself (note, handshake, event wait: that order). A
-    /// note whose event wait was not made is taken back.
-    ///
-    /// `stream`: the stream `f` orders (every wait it makes is on it).
-    fn run<R>(self, stream: &Arc<StreamInner>, mut f: impl FnMut() -> Result<R>) -> Result<R> {
-        JOIN_WANTED.with(|w| w.set(false));
-        let first = f();
-        if !JOIN_WANTED.with(|w| w.replace(false)) {
-            return first;
-        }
-        let newly = capture::join(self.token, stream)?;
-        JOIN_MADE.with(|m| m.set(false));
-        let again = f();
-        // (Not wanted again: the stream is noted now, and its waits are captured ones.)
-        JOIN_WANTED.with(|w| w.set(false));
-        if newly && !JOIN_MADE.with(Cell::get) {
-            capture::unjoin(self.token, stream);
-        }
-        again
+        JoinPermit(JOIN.with(|j| j.replace(token)))
     }
 }
 
 impl Drop for JoinPermit {
     fn drop(&mut self) {
-        JOIN.with(|j| j.set(self.before));
-    }
-}
-
-/// The capture `stream` captures into, as this thread's work on it is to see it: a stream the
-/// capturing thread is joining into its capture (noted, the join not yet made) is in it for
-/// that thread's join only. Other work that gets this far on it passed its capture check
-/// before the note, so the join's handshake waits for it, and it is queued outside the
-/// capture (work that checks after the note is refused: [`capture::JOINING`],
-/// [`capture::NOT_GIVEN`]); ordering it as captured work would skip its waits for work outside
-/// the capture, and its waits on captured events would join the stream from this thread.
-fn capture_seen(stream: &StreamInner) -> Option<u64> {
-    match capture::capture_and_joining(stream)? {
-        (c, _, true) if !(JOIN.with(Cell::get) == c && capture::owns(c)) => None,
-        (c, _, _) => Some(c),
-    }
-}
-
-/// Runs `f`, which orders `stream`, under `permit`, if there is one ([`JoinPermit::run`]).
-#[inline]
-fn joining<R>(
-    permit: Option<JoinPermit>,
-    stream: &Arc<StreamInner>,
-    f: impl FnMut() -> Result<R>,
-) -> Result<R> {
-    match permit {
-        Some(p) => p.run(stream, f),
-        None => {
-            let mut f = f;
-            f()
-        }
+        JOIN.with(|j| j.set(self.0));
     }
 }
 
@@ -193,25 +117,27 @@ impl Backend for Cuda {
     }
 
     fn wait(stream: &Self::Stream, event: &FenceEvent) -> Result<()> {
-        if event.event.is_none() && event.capture == 0 {
-            // Known complete without a call (legacy work drained at a capture begin).
+        let Some(e) = &event.event else {
             return Ok(());
-        }
-        // Whether this wait joins `stream` into the capture of the caller's permit (a wait on
-        // a stream noted by `capture::join` for it).
-        let mut joins = false;
+        };
         if any_open() {
-            let mine = capture_seen(stream);
+            let mine = capture_of(stream);
             match (event.capture, mine) {
                 // Both in the same capture: a captured dependency.
-                (c, Some(m)) if c == m => joins = JOIN.with(Cell::get) == c,
+                (c, Some(m)) if c == m => {}
                 // A fork: the capturing thread's work on a buffer given to the capture joins
-                // its stream into the capture. Not here, under the tracker's lock: the fence
-                // notes it and settles other threads' work on it first, with no lock held,
-                // then orders again (`JoinPermit::run`).
+                // its stream into the capture.
                 (c, None) if c != 0 && JOIN.with(Cell::get) == c && capture::owns(c) => {
-                    JOIN_WANTED.with(|w| w.set(true));
-                    return Err(invalid_argument("fence", capture::JOIN_DEFERRED));
+                    // Noted (and other threads' work on the stream settled) first, joined
+                    // after (see `capture::join`).
+                    let newly = capture::join(c, stream)?;
+                    if let Err(err) = e.wait_on_inner(stream) {
+                        if newly {
+                            capture::unjoin(c, stream);
+                        }
+                        return Err(err);
+                    }
+                    return Ok(());
                 }
                 (c, _) if c != 0 => {
                     return Err(invalid_argument("fence", capture::OUTSIDE_CAPTURE))
@@ -224,16 +150,7 @@ impl Backend for Cuda {
                 return Err(invalid_argument("fence", capture::LEGACY_DURING_CAPTURE));
             }
         }
-        // (A captured event without an event object is made by the unit tests only.)
-        if let Some(e) = &event.event {
-            e.wait_on_inner(stream)?;
-        }
-        if joins {
-            // The join itself, where `stream` was noted for this permit: made.
-            capture::joined_now(event.capture, stream);
-            JOIN_MADE.with(|m| m.set(true));
-        }
-        Ok(())
+        e.wait_on_inner(stream)
     }
 
     fn query(event: &FenceEvent) -> Result<bool> {
@@ -262,11 +179,6 @@ impl Backend for Cuda {
 
     fn sync_stream(stream: &Self::Stream) -> Result<()> {
         if any_open() {
-            if JOIN_WANTED.try_with(Cell::get).unwrap_or(false) {
-                // The tracker's fallback after a deferred join (a wait that refused to join
-                // under the lock): nothing to synchronize; the fence joins and orders again.
-                return Err(invalid_argument("fence", capture::JOIN_DEFERRED));
-            }
             if is_legacy(stream) {
                 return if capture::legacy_done(stream.device()) {
                     Ok(())
@@ -289,7 +201,7 @@ impl Backend for Cuda {
 
     fn skip(entry: &Self::Stream, stream: &Self::Stream) -> bool {
         // Captured work is ordered after work outside its capture by the graph's launches.
-        any_open() && capture_seen(stream).is_some_and(|c| capture_of(entry) != Some(c))
+        any_open() && capture_of(stream).is_some_and(|c| capture_of(entry) != Some(c))
     }
 
     fn current(event: &FenceEvent) -> bool {
@@ -408,8 +320,8 @@ impl Fence {
         bytes: (usize, usize),
         access: Access,
     ) -> Result<()> {
-        let join = self.capture_gate(inner)?;
-        joining(join, inner, || self.core.begin_slow(inner, bytes, access))
+        let _join = self.capture_gate(inner)?;
+        self.core.begin_slow(inner, bytes, access)
     }
 
     /// Orders `stream` after conflicting pending work on `bytes`, for work that the caller
@@ -423,14 +335,12 @@ impl Fence {
         // The waits it queues are in flight until it returns (the caller's own work after it
         // is not covered: see docs/graphs.md).
         let (_op, open) = InOp::enter(stream.inner());
-        let join = if open || self.capture.load(Ordering::Relaxed) != 0 {
+        let _join = if open || self.capture.load(Ordering::Relaxed) != 0 {
             self.capture_gate(stream.inner())?
         } else {
             None
         };
-        joining(join, stream.inner(), || {
-            self.core.order(stream.inner(), bytes, access)
-        })
+        self.core.order(stream.inner(), bytes, access)
     }
 
     /// What an open capture allows of work on `stream` with this buffer: refused on the
@@ -456,11 +366,8 @@ impl Fence {
         if is_legacy(stream) {
             return Err(invalid_argument(OP, capture::LEGACY_DURING_CAPTURE));
         }
-        match capture::capture_and_joining(stream) {
-            // The capturing thread is joining the stream (another thread's work, or this
-            // one's: its join is made before any other work of its own).
-            Some((c, _, true)) if c == token => Err(invalid_argument(OP, capture::JOINING)),
-            Some((c, _, _)) if c == token => Ok(None),
+        match capture_of(stream) {
+            Some(c) if c == token => Ok(None),
             Some(_) => Err(invalid_argument(OP, capture::NOT_GIVEN)),
             None if token != 0 && capture::owns(token) => Ok(Some(JoinPermit::new(token))),
             None => Ok(None),
@@ -533,7 +440,7 @@ impl Fence {
         };
         let (op, open) = InOp::enter(origin);
         // (A join permit, where the gate gives one, lasts until the free is ordered.)
-        let mut join = None;
+        let mut _join = None;
         if bound & GRAPH_MEMORY != 0 {
             let token = bound & !GRAPH_MEMORY;
             let origin_in = capture_of(origin) == Some(token);
@@ -544,19 +451,10 @@ impl Fence {
             if is_legacy(origin) {
                 return Err(invalid_argument("free", capture::LEGACY_DURING_CAPTURE));
             }
-            join = self.capture_gate(origin)?;
+            _join = self.capture_gate(origin)?;
         }
-        if let Some(permit) = join {
-            // A fork's free (cold): the stream cloned, the borrow of the tracker going to the
-            // ordering, which may run twice.
-            let origin = origin.clone();
-            let core = &mut self.core;
-            permit.run(&origin, || core.order_origin_mut(bytes, access).map(|_| ()))?;
-        } else {
-            self.core.order_origin_mut(bytes, access)?;
-        }
-        // (`order_origin_mut` hands back the origin, which the tracker has.)
-        Ok(self.core.origin().map(|s| OnOrigin {
+        let s = self.core.order_origin_mut(bytes, access)?;
+        Ok(s.map(|s| OnOrigin {
             stream: Stream::from_inner_ref(s),
             _op: op,
         }))
@@ -1030,180 +928,6 @@ mod tests {
         let s = crate::handles::stream::StreamInner::hot_end();
         assert!(s <= 64, "a stream's hot fields end at byte {s}");
         assert_eq!(align_of::<crate::handles::stream::StreamInner>(), 64);
-    }
-
-    /// Runs the test `name` (this module's) in a child process, where it opens a capture that
-    /// the other tests of this process must not see: true in the child, which runs the test;
-    /// false in the parent, once the child passed.
-    fn in_child(name: &str) -> bool {
-        const CHILD: &str = "CUDA_MEM_TEST_CHILD";
-        if std::env::var_os(CHILD).is_some() {
-            return true;
-        }
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                &format!("fence::tests::{name}"),
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, "1")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "the child failed:\n{text}");
-        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
-        false
-    }
-
-    /// What the join race of review 8 gave: the capturing thread's fork (its time), the other
-    /// thread's work, and the streams joined into the capture.
-    type Raced = (
-        crate::Result<std::time::Duration>,
-        crate::Result<()>,
-        Vec<Arc<crate::handles::stream::StreamInner>>,
-    );
-
-    /// Review 8 (join stall), the race: a buffer given to a capture on a stand-in stream S,
-    /// its first half written by the capture (a captured event without an event object: no
-    /// runtime call is made). Another thread queues a read of the second half on a stand-in
-    /// stream T (in flight on T from before its capture check), while the capturing thread
-    /// reads the first half on T (a fork: ordered after the captured write, it joins T into
-    /// the capture). `other_first`: the other thread's capture check comes before the join's
-    /// note (it is let go by the join, which waits up to 1 s for its work to be queued);
-    /// otherwise it comes 100 ms after its operation began, after the note.
-    fn join_race(other_first: bool) -> Raced {
-        use super::capture;
-        use std::sync::mpsc;
-        use std::time::{Duration, Instant};
-        let stand_in = |raw: usize| {
-            // SAFETY: a stand-in handle that never reaches the runtime: not a default stream
-            // (no device check), not owned (never destroyed), and no call is made on it (the
-            // one event is a captured one without an event object).
-            unsafe {
-                crate::Stream::from_raw(
-                    raw as crate::sys::cudaStream_t,
-                    crate::Device::from_ordinal_unchecked(0),
-                )
-            }
-        };
-        let (s, t) = (stand_in(0x1000), stand_in(0x2000));
-        let token = capture::open_for_test(s.inner());
-        let f = super::Fence::default();
-        f.bind(token).unwrap();
-        f.core.mark_recorded(
-            s.inner(),
-            (0, 32),
-            Access::Write,
-            super::FenceEvent {
-                event: None,
-                capture: token,
-            },
-        );
-        let (entered_tx, entered_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let (done_tx, done_rx) = mpsc::channel::<()>();
-        if other_first {
-            capture::tests_hook::BEFORE_JOIN.with(|h| {
-                *h.borrow_mut() = Some(Box::new(move || {
-                    go_tx.send(()).unwrap();
-                    // Under the buffer's lock (the join inside the tracker's wait), the other
-                    // thread blocks on it: given up after 1 s.
-                    let _ = done_rx.recv_timeout(Duration::from_secs(1));
-                }));
-            });
-        }
-        let (fr, tr) = (&f, &t);
-        let (fork, other) = std::thread::scope(|sc| {
-            let other = sc.spawn(move || {
-                // In flight on T (an operation on several buffers is, from its first).
-                let (op, _) = capture::InOp::enter(tr.inner());
-                entered_tx.send(()).unwrap();
-                if other_first {
-                    go_rx.recv().unwrap();
-                } else {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                let r = fr.begin(tr, (32, 64), Access::Read).map(drop);
-                let _ = done_tx.send(());
-                drop(op);
-                r
-            });
-            entered_rx.recv().unwrap();
-            let start = Instant::now();
-            let r = f.begin(&t, (0, 32), Access::Read).map(drop);
-            (r.map(|()| start.elapsed()), other.join().unwrap())
-        });
-        capture::tests_hook::BEFORE_JOIN.with(|h| h.borrow_mut().take());
-        let joined = capture::joined(token);
-        f.unbind(token);
-        capture::close(token);
-        (fork, other, joined)
-    }
-
-    /// The checks of [`join_race`] that hold whichever thread checks first: the fork succeeds
-    /// without waiting for a handshake that cannot end (under 1 s: the other thread's
-    /// operation lasts 100 ms at most), and T is joined.
-    fn fork_joined(
-        fork: crate::Result<std::time::Duration>,
-        joined: &[Arc<crate::handles::stream::StreamInner>],
-    ) {
-        let took = fork.unwrap_or_else(|e| panic!("the fork was refused: {e}"));
-        assert!(
-            took < std::time::Duration::from_millis(900),
-            "the fork waited {took:?} for the other thread's work"
-        );
-        assert!(
-            joined.len() == 1 && joined[0].raw() as usize == 0x2000,
-            "T was not joined into the capture: {joined:?}"
-        );
-    }
-
-    /// Review 8 (join stall): the capturing thread's work on a buffer given to its capture,
-    /// queued on a stream T outside the capture, joins T into the capture, and the join waits
-    /// for other threads' operations in flight on T (the handshake). Another thread's
-    /// operation on T on another part of the same buffer, past its capture check, needs that
-    /// buffer's tracker lock: when the join ran inside the tracker's wait, under that lock, the
-    /// two threads waited for each other until the handshake gave up (`OPS_HELD`, after 10 s;
-    /// 300 ms in the unit tests), and the fork was refused. The join must settle the other
-    /// thread's operation with no lock held: both succeed (the other work is queued before
-    /// the join, outside the capture: it checked before the note), and T is joined. Run in a
-    /// child process.
-    #[test]
-    #[cfg_attr(miri, ignore = "runs a child process")]
-    fn a_join_settles_another_threads_work_on_the_buffer_outside_its_lock() {
-        if !in_child("a_join_settles_another_threads_work_on_the_buffer_outside_its_lock") {
-            return;
-        }
-        let (fork, other, joined) = join_race(true);
-        other.unwrap_or_else(|e| panic!("the other thread's work was refused: {e}"));
-        fork_joined(fork, &joined);
-    }
-
-    /// Review 8: the other thread's operation of the join race, in flight on T from before the
-    /// join, reaches its capture check after the join's note: it cannot tell whether the
-    /// join's handshake saw it (its work could land on either side of the join), so it is
-    /// refused at once with the exact `JOINING`, and the fork succeeds without waiting for the
-    /// handshake's limit. (Treated as captured work, it skipped its waits for work outside the
-    /// capture while being queued before the join, and its own waits on captured events
-    /// joined T from its thread.) Run in a child process.
-    #[test]
-    #[cfg_attr(miri, ignore = "runs a child process")]
-    fn work_checked_during_a_join_of_its_stream_is_refused_at_once() {
-        if !in_child("work_checked_during_a_join_of_its_stream_is_refused_at_once") {
-            return;
-        }
-        let (fork, other, joined) = join_race(false);
-        match other {
-            Err(crate::Error::Misuse(crate::Misuse::InvalidArgument { reason, .. }))
-                if reason == super::capture::JOINING => {}
-            r => panic!("the other thread's work: {r:?}"),
-        }
-        fork_joined(fork, &joined);
     }
 
     /// This thread's lock acquisitions by trackers since the last call.

@@ -700,35 +700,6 @@ impl<B: Backend> Tracker<B> {
         Ok(())
     }
 
-    /// Test seam: marks work on `stream` accessing `range` as `access`, queued already, and
-    /// takes `event` as a record that covers it (as a wait's `materialize` would have
-    /// recorded it), so that a test can give an entry an event of its own making.
-    #[cfg(test)]
-    #[allow(dead_code)]
-    pub(crate) fn mark_recorded(
-        &self,
-        stream: &B::Stream,
-        range: (usize, usize),
-        access: Access,
-        event: B::Event,
-    ) {
-        let mut st = self.lock();
-        Self::mark_locked(&mut st, true, stream, range, access);
-        let e = st
-            .entries
-            .iter_mut()
-            .find(|e| B::same(&e.stream, stream))
-            .expect("just marked");
-        let (reads, writes, marked) = (e.reads, e.writes, e.marked);
-        e.reads.clear();
-        e.writes.clear();
-        let rec = e.rec_mut();
-        rec.reads.merge(&reads);
-        rec.writes.merge(&writes);
-        rec.at = marked;
-        rec.event = Some(Arc::new(event));
-    }
-
     /// After the work of a [`begin`](Self::begin) was queued (or queueing failed: the mark only
     /// adds waiting). Cannot fail, takes no lock.
     pub fn end(&self) {

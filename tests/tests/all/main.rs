@@ -36,7 +36,6 @@ mod review4;
 mod review5;
 mod review6;
 mod review7;
-mod review8;
 mod soundness;
 mod staged;
 mod views;
