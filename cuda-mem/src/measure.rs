@@ -13,6 +13,16 @@ use std::os::raw::c_void;
 
 use crate::error::Result;
 
+/// How graph launches on the crate's own streams are made: `cuGraphLaunch` (the driver's,
+/// called straight) where the runtime gave its entry point, else `cudaGraphLaunch`.
+pub fn graph_launch_call() -> &'static str {
+    if crate::handles::driver::launches_through_driver() {
+        "cuGraphLaunch"
+    } else {
+        "cudaGraphLaunch"
+    }
+}
+
 /// The cuda-mem features this build of the library was compiled with (of `cudarc`,
 /// `cudarc-unpinned`, `measure`, `testing`), for a measuring program to report: a build with
 /// `testing` carries the fault seams, and is not what an application links.

@@ -22,6 +22,12 @@ thread_local! {
     static FAIL_STAGED_CHUNK: Cell<Option<usize>> = const { Cell::new(None) };
 }
 
+/// Whether graph launches on the crate's own streams call the driver's `cuGraphLaunch` straight
+/// (the runtime gave its entry point), as on a real driver they should.
+pub fn graph_launches_through_driver() -> bool {
+    crate::handles::driver::launches_through_driver()
+}
+
 /// Makes the next staged copy started on this thread fail at chunk `chunk` (its
 /// `cudaMemcpyAsync` is queued, then reported failed), as a failure midway would.
 pub fn fail_next_staged_copy_at(chunk: usize) {

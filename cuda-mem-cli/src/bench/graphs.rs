@@ -720,9 +720,10 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
     let loaded = Loaded::load(bytes.as_deref())?;
     let tiny = loaded.tiny()?;
     progress(&format!(
-        "graphs: the tiny kernel is {} from {}",
+        "graphs: the tiny kernel is {} from {}; cuda-mem launches graphs with {}",
         tiny.name(),
-        image.map_or("the probes' PTX".to_string(), |p| p.display().to_string())
+        image.map_or("the probes' PTX".to_string(), |p| p.display().to_string()),
+        cuda_mem::measure::graph_launch_call()
     ));
     let s = Stream::non_blocking()?;
     let init: Vec<u32> = (0..N as u32).collect();

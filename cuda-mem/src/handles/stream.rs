@@ -142,6 +142,13 @@ impl StreamInner {
         self._keeper.as_deref()
     }
 
+    /// Whether this is a stream of its own, not the null, legacy or per-thread default
+    /// stream's handle.
+    #[inline]
+    pub(crate) fn is_own(&self) -> bool {
+        (self.raw as usize) > PER_THREAD_HANDLE
+    }
+
     /// Makes the stream's device current for a runtime call, where the handle alone does not
     /// say which device it means: the null handle is the legacy default stream of whichever
     /// device is current. Owned streams carry their context, so they need nothing.

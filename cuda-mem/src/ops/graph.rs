@@ -29,6 +29,7 @@ use crate::error::{check, Result};
 use crate::fence::capture::{self, Relaxed};
 use crate::fence::{Access, Fence, Hold, Use};
 use crate::handles::devices::{Device, DeviceGuard};
+use crate::handles::driver;
 use crate::handles::event::Event;
 use crate::handles::stream::{Stream, StreamInner};
 use crate::kinds::registered::RegisteredVec;
@@ -734,8 +735,10 @@ impl<R: GraphResources> GraphExec<R> {
     /// memory is freed inside the graph), touch nothing that is freed, touched or waited past
     /// while they run.
     unsafe fn raw_launch(&self, stream: &Stream) -> Result<()> {
+        let inner = stream.inner();
         // SAFETY: a live executable graph and stream; the rest as the caller guarantees.
-        let code = unsafe { sys::cudaGraphLaunch(self.exec, stream.inner().raw()) };
+        // (The driver's `cuGraphLaunch` on the crate's own streams, where the runtime gave it.)
+        let code = unsafe { driver::graph_launch(self.exec, inner.raw(), inner.is_own()) };
         check(code, || {
             format!("cudaGraphLaunch({:p}, {stream:?})", self.exec)
         })

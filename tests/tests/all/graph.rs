@@ -673,3 +673,48 @@ fn a_graph_replays_on_the_per_thread_stream_through_launch_and_a_launcher() {
         r.0, r.1, l.0, l.1, lr.0, lr.1
     );
 }
+
+/// Graph launches on the crate's own streams call the driver's `cuGraphLaunch` (found through
+/// the runtime), and where the driver refuses, the runtime's `cudaGraphLaunch` launches: with no
+/// context current on the thread (cudarc's `cuCtxSetCurrent(NULL)`), both `launch` and a
+/// launcher's launch still run the graph (the runtime makes its device's context current), and
+/// the data is the graph's.
+#[test]
+fn graph_launches_go_through_the_driver_and_fall_back_to_the_runtime() {
+    let _dev = gpu_or_skip!();
+    assert!(
+        cuda_mem::testing::graph_launches_through_driver(),
+        "the runtime gave no cuGraphLaunch entry point"
+    );
+    let s = Stream::non_blocking().unwrap();
+    let mut d = DeviceBuffer::<u32>::zeroed(1 << 16).unwrap();
+    let mut exec = s
+        .capture(CaptureMode::ThreadLocal, &mut d, |cap, d| {
+            d.memset_async(0x5a, cap.stream())
+        })
+        .unwrap()
+        .instantiate()
+        .unwrap();
+    let unbind = || {
+        // SAFETY: no context is current afterwards; the next runtime call binds its device's.
+        let r = unsafe { cudarc::driver::sys::cuCtxSetCurrent(std::ptr::null_mut()) };
+        assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    };
+    for round in 0..2u8 {
+        exec.resources_mut().memset(0).unwrap();
+        unbind();
+        if round == 0 {
+            exec.launch(&s).unwrap();
+        } else {
+            let mut run = exec.launcher(&s).unwrap();
+            run.launch().unwrap();
+        }
+        let got = exec.resources().to_vec().unwrap();
+        assert!(
+            got.iter().all(|&w| w == 0x5a5a_5a5a),
+            "round {round}: {:x}",
+            got[0]
+        );
+    }
+    exec.into_resources().unwrap();
+}
