@@ -40,6 +40,7 @@ fn entry(name: &CStr) -> Option<*mut c_void> {
 }
 
 /// `cuGraphLaunch`, looked up once.
+#[inline]
 fn graph_launch_entry() -> Option<GraphLaunch> {
     static ENTRY: OnceLock<Option<GraphLaunch>> = OnceLock::new();
     *ENTRY.get_or_init(|| {
@@ -63,6 +64,7 @@ pub(crate) fn launches_through_driver() -> bool {
 /// # Safety
 /// As `cudaGraphLaunch`'s: a live executable graph and stream, and the launch's work sound
 /// (the caller's ordering of what its nodes use).
+#[inline]
 pub(crate) unsafe fn graph_launch(
     exec: sys::cudaGraphExec_t,
     stream: sys::cudaStream_t,
