@@ -56,7 +56,7 @@ final)
   tests_all
   t=$(date +%s)
   CUDA_MEM_REQUIRE_GPU=1 CUDA_MEM_REQUIRE_IPC=1 timeout 200 compute-sanitizer --tool memcheck \
-    --leak-check full --error-exitcode 9 "$b/tests/tests-all" --test-threads=1 review7 review8 \
+    --leak-check full --error-exitcode 9 "$b/tests/tests-all" --test-threads=1 review7 graph_launches_go \
     capturing_stream inside_a_capture >"$out/memcheck-new.txt" 2>&1
   echo "memcheck, the new tests (review7, IPC under capture) rc=$? $(secs "$t") s"
   grep -E '^test |test result|ERROR SUMMARY|LEAK' "$out/memcheck-new.txt" | head -20
