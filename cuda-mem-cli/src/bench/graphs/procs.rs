@@ -20,9 +20,9 @@
 //! (graphs.cu where given, else the raw Rust process).
 //!
 //! Every process, graphs.cu's too, runs on the same few CPUs (the last [`CPUS`] this one may
-//! use, through the affinity the children inherit): unpinned, the host time of one
-//! `cudaGraphLaunch` moved from 1.2 to 2.8 µs from process to process on the H200, whichever
-//! the side, far more than the launches differ.
+//! use, through the affinity the children inherit), and ratios are paired by round: the host
+//! time of one `cudaGraphLaunch` moved from 1.2 to 2.8 µs from process to process on the H200,
+//! whichever the side, in slow stretches of minutes, far more than the launches differ.
 
 use std::path::Path;
 use std::process::Command;
@@ -441,9 +441,10 @@ fn range(xs: &[f64]) -> (f64, f64) {
         })
 }
 
-/// How many CPUs the processes share: one let the runtime's own threads preempt the one that
-/// launches (every side's launch took 2.4 µs instead of 1.3 on the H200), all of them let the
-/// processes land anywhere (1.2 to 2.8 µs from process to process).
+/// How many CPUs the processes share: with one, the runtime's own threads share the launching
+/// thread's CPU; with all of them, the processes land anywhere. (On the H200 neither steadied
+/// the host time: stretches of minutes in which every side's launch took 2.0 to 2.9 µs instead
+/// of 1.3 to 1.4 came either way, which the pairing by round absorbs.)
 const CPUS: usize = 4;
 
 /// This thread's CPU affinity, which the processes it spawns inherit.
