@@ -273,6 +273,34 @@ fn launch_row(
     })
 }
 
+/// One graph row: the launches' timings (`launch(ours)`, ns), and where the fake runtime counts
+/// calls, a counted run of each side and the calls ours made besides.
+fn graph_row(
+    samples: usize,
+    calls: u32,
+    counters: Option<&Counters>,
+    name: &str,
+    mut launch: impl FnMut(bool) -> Result<f64>,
+) -> Result<()> {
+    let t = launch_row(samples, calls, &mut launch)?;
+    let extra = match counters {
+        Some(c) => {
+            let mut run = |ours: bool| -> Result<()> {
+                for _ in 0..calls {
+                    launch(ours)?;
+                }
+                Ok(())
+            };
+            let o = c.of(&format!("{name} non-blocking|ours|{calls}"), || run(true))?;
+            let r = c.of(&format!("{name} non-blocking|raw|{calls}"), || run(false))?;
+            diff(&o, &r, calls)
+        }
+        None => String::new(),
+    };
+    print_row(name, "non-blocking", t, &extra);
+    Ok(())
+}
+
 /// The graph rows: each graph's launches, ours and raw (ns per launch, each launch timed
 /// alone and followed by a synchronize), and the calls ours made besides.
 fn graph_rows(
@@ -293,22 +321,7 @@ fn graph_rows(
                 launch_once(ours, || g.launch(nb), g.as_raw(), nb)
             }
         };
-        let t = launch_row(samples, calls, launch)?;
-        let extra = match counters {
-            Some(c) => {
-                let run = |ours: bool| -> Result<()> {
-                    for _ in 0..calls {
-                        launch(ours)?;
-                    }
-                    Ok(())
-                };
-                let o = c.of(&format!("{name} non-blocking|ours|{calls}"), || run(true))?;
-                let r = c.of(&format!("{name} non-blocking|raw|{calls}"), || run(false))?;
-                diff(&o, &r, calls)
-            }
-            None => String::new(),
-        };
-        print_row(name, "non-blocking", t, &extra);
+        graph_row(samples, calls, counters, name, launch)?;
     }
     // The same graphs through a launcher each (`GraphExec::launcher`: the marks made once).
     let Graphs { mut one, mut three } = graphs;
@@ -324,22 +337,7 @@ fn graph_rows(
                     launch_once(ours, || l3.launch(), raw3, nb)
                 }
             };
-            let t = launch_row(samples, calls, &mut launch)?;
-            let extra = match counters {
-                Some(c) => {
-                    let mut run = |ours: bool| -> Result<()> {
-                        for _ in 0..calls {
-                            launch(ours)?;
-                        }
-                        Ok(())
-                    };
-                    let o = c.of(&format!("{name} non-blocking|ours|{calls}"), || run(true))?;
-                    let r = c.of(&format!("{name} non-blocking|raw|{calls}"), || run(false))?;
-                    diff(&o, &r, calls)
-                }
-                None => String::new(),
-            };
-            print_row(name, "non-blocking", t, &extra);
+            graph_row(samples, calls, counters, name, &mut launch)?;
         }
     }
     one.into_resources()?;
