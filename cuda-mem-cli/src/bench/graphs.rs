@@ -16,8 +16,9 @@
 //!   slices made with cudarc's event tracking off, its advice for graphs: its event waits
 //!   invalidate a capture), captured with `begin_capture` / `end_capture` (copies from a plain
 //!   view of the pinned slice) and replayed with `CudaGraph::launch`;
-//! - raw: the cuda-mem executable graph launched by `cudaGraphLaunch` itself, without the
-//!   crate's bookkeeping (graph rows only): the floor the crate's launch is measured against.
+//! - raw: the cuda-mem executable graph launched by the runtime's `cudaGraphLaunch` itself,
+//!   without the crate's bookkeeping (graph rows only), as graphs.cu launches. (The crate's
+//!   launches call the driver's `cuGraphLaunch`, as cudarc does, so they may take less.)
 //!
 //! Every side's graphs replay on the same memory (cudarc's on untracked views of cuda-mem's
 //! buffers, its mixed graph's copies from cuda-mem's pinned words; its eager rounds use its own
