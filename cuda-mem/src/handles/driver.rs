@@ -52,7 +52,9 @@ fn graph_launch_entry() -> Option<GraphLaunch> {
 }
 
 /// Whether graph launches on the crate's own streams call the driver's `cuGraphLaunch`
-/// straight (the runtime gave its entry point).
+/// straight (the runtime gave its entry point): for the bench (`measure`) and the tests
+/// (`testing`).
+#[cfg(any(feature = "measure", feature = "testing"))]
 pub(crate) fn launches_through_driver() -> bool {
     graph_launch_entry().is_some()
 }
