@@ -345,9 +345,10 @@ impl<R: GraphResources> std::fmt::Debug for Launcher<'_, R> {
 }
 
 impl<R: GraphResources> Launcher<'_, R> {
-    /// Launches the graph on the launcher's stream (`cudaGraphLaunch`). Returns at once.
+    /// Launches the graph on the launcher's stream (`cuGraphLaunch`, see
+    /// [`GraphExec::launch`]). Returns at once.
     ///
-    /// The host cost beyond `cudaGraphLaunch`, with no capture open: the handshake with
+    /// The host cost beyond the launch call, with no capture open: the handshake with
     /// capture begins (a store to this thread's slot and a load of the open-capture count),
     /// and nothing else. Otherwise [`GraphExec::launch`], with all its checks.
     pub fn launch(&mut self) -> Result<()> {
@@ -687,11 +688,13 @@ impl<R: GraphResources> std::fmt::Debug for GraphExec<R> {
 }
 
 impl<R: GraphResources> GraphExec<R> {
-    /// Launches the graph on `stream` (`cudaGraphLaunch`), after ordering `stream` after
-    /// conflicting pending work on the graph's buffers; the launch is marked on their fences.
-    /// Returns at once.
+    /// Launches the graph on `stream`, after ordering `stream` after conflicting pending work on
+    /// the graph's buffers; the launch is marked on their fences. Returns at once. On the
+    /// crate's own streams the launch calls the driver's `cuGraphLaunch` straight, as cudarc
+    /// does (the runtime's `cudaGraphLaunch` wraps it, and costs more); the runtime's call
+    /// where the driver refuses, which reports the error in the runtime's code.
     ///
-    /// The host cost beyond `cudaGraphLaunch`, in the steady state of one stream (the same
+    /// The host cost beyond the launch call, in the steady state of one stream (the same
     /// stream as the last launch, no other stream's work pending on the buffers, no capture
     /// open): for each buffer, the fence's lock-free path (two atomic read-modify-writes and
     /// no runtime call), and nothing else: no allocation, no lock, no runtime call.
@@ -715,17 +718,31 @@ impl<R: GraphResources> GraphExec<R> {
         op: &'static str,
         stream: &Stream,
     ) -> Result<(Option<DeviceGuard>, capture::InOp, bool)> {
-        self.check_resources(op)?;
-        let g = stream.inner().enter()?;
-        Fence::check_queue(stream)?;
-        let (in_op, open) = capture::InOp::enter(stream.inner());
+        let (g, in_op, open) = self.enter(op, stream)?;
         if open && capture::capture_of(stream.inner()).is_some() {
             return Err(invalid_argument(op, GRAPH_INTO_CAPTURE));
         }
         Ok((g, in_op, open))
     }
 
-    /// `cudaGraphLaunch` of the graph on `stream`.
+    /// The checks every use of the graph on `stream` begins with (`op` names it in refusals):
+    /// the resources, the stream's device made current, the stream, then the handshake with
+    /// capture begins entered, with what it read of the open captures.
+    fn enter(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+    ) -> Result<(Option<DeviceGuard>, capture::InOp, bool)> {
+        self.check_resources(op)?;
+        let g = stream.inner().enter()?;
+        Fence::check_queue(stream)?;
+        let (in_op, open) = capture::InOp::enter(stream.inner());
+        Ok((g, in_op, open))
+    }
+
+    /// The launch call of the graph on `stream`: the driver's `cuGraphLaunch` on the crate's own
+    /// streams (where the runtime gave its entry point), else the runtime's `cudaGraphLaunch`,
+    /// which also reports every failure (`handles::driver`).
     ///
     /// # Safety
     /// The resources' fences must hold this launch's marks on `stream` (made after ordering
@@ -747,7 +764,7 @@ impl<R: GraphResources> GraphExec<R> {
     /// A [`Launcher`] of this graph on `stream`, for a replay loop: the marks that each
     /// [`launch`](Self::launch) makes on the buffers' fences and on the graph's own are made
     /// once, now, and end when the launcher drops; each [`Launcher::launch`] then checks that
-    /// no stream capture is open and calls `cudaGraphLaunch`, nothing else.
+    /// no stream capture is open and makes the launch call, nothing else.
     ///
     /// It borrows the executable graph exclusively: nothing can reach its buffers through it
     /// (host access, [`resources_mut`](Self::resources_mut), other work) while the launcher
@@ -767,11 +784,10 @@ impl<R: GraphResources> GraphExec<R> {
     /// given-up memory is never freed, so reading it stays sound.)
     pub fn launcher<'e>(&'e mut self, stream: &'e Stream) -> Result<Launcher<'e, R>> {
         let this: &'e GraphExec<R> = self;
-        this.check_resources("GraphExec::launcher")?;
-        let _g = stream.inner().enter()?;
-        Fence::check_queue(stream)?;
+        // (A capturing stream is not refused here: its launches take `launch`'s path, which
+        // refuses them.)
+        let (_g, op, open) = this.enter("GraphExec::launcher", stream)?;
         let inner = stream.inner();
-        let (op, open) = capture::InOp::enter(inner);
         let mut holds = Vec::new();
         let mut fast = !open && !capture::is_legacy(inner) && !inner.is_lent();
         if fast {
