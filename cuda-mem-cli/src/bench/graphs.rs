@@ -812,6 +812,64 @@ pub fn run(res: &mut BenchResults, image: Option<&Path>) -> Result<()> {
     check_cudarc(res, name, cudarc.as_ref(), want)
 }
 
+/// An executable graph made of raw runtime calls only, destroyed on drop (after the caller has
+/// waited for its launches).
+struct RawExec(sys::cudaGraphExec_t);
+
+impl RawExec {
+    /// What `queue` queues on `rs` captured (`cudaStreamBeginCapture`, thread-local mode, on a
+    /// stream that is not capturing) and instantiated. The capture always ends, and the graph
+    /// is destroyed, whatever failed.
+    fn capture(rs: sys::cudaStream_t, queue: impl FnOnce() -> Result<()>) -> Result<RawExec> {
+        let mode = sys::cudaStreamCaptureMode::cudaStreamCaptureModeThreadLocal;
+        // SAFETY: a live stream, not capturing (the caller's).
+        let begun = unsafe { sys::cudaStreamBeginCapture(rs, mode) };
+        cuda_mem::check(begun, || "cudaStreamBeginCapture".into())?;
+        let queued = queue();
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the capture begun above; a valid out-pointer.
+        let ended = unsafe { sys::cudaStreamEndCapture(rs, &mut graph) };
+        let made = queued
+            .and_then(|()| cuda_mem::check(ended, || "cudaStreamEndCapture".into()))
+            .and_then(|()| {
+                let mut exec = std::ptr::null_mut();
+                // SAFETY: the graph the capture made; a valid out-pointer.
+                let code = unsafe { sys::cudaGraphInstantiate(&mut exec, graph, 0) };
+                cuda_mem::check(code, || "cudaGraphInstantiate".into()).map(|()| RawExec(exec))
+            });
+        if !graph.is_null() {
+            // SAFETY: the captured graph, no longer needed once instantiated (or not).
+            unsafe { sys::cudaGraphDestroy(graph) };
+        }
+        made
+    }
+
+    /// `cudaGraphLaunch` of the graph on `rs`.
+    ///
+    /// # Safety
+    /// A live stream; the memory the graph's nodes use alive and untouched by anything else
+    /// until the launch completes.
+    unsafe fn launch(&self, rs: sys::cudaStream_t) -> Result<()> {
+        // SAFETY: a live executable graph; the rest as the caller guarantees.
+        let code = unsafe { sys::cudaGraphLaunch(self.0, rs) };
+        cuda_mem::check(code, || "cudaGraphLaunch".into())
+    }
+
+    /// `cudaGraphUpload` of the graph on `rs` (a live stream).
+    fn upload(&self, rs: sys::cudaStream_t) -> Result<()> {
+        // SAFETY: a live executable graph; the caller's live stream.
+        let code = unsafe { sys::cudaGraphUpload(self.0, rs) };
+        cuda_mem::check(code, || "cudaGraphUpload".into())
+    }
+}
+
+impl Drop for RawExec {
+    fn drop(&mut self) {
+        // SAFETY: the executable graph this owns, destroyed once; errors ignored (drop).
+        unsafe { sys::cudaGraphExecDestroy(self.0) };
+    }
+}
+
 /// The kernels-only graph made of raw runtime calls only (a `cudaMalloc` buffer, a capture
 /// with `cudaStreamBeginCapture` on a plain stream), replayed alone: in-process, what graphs.cu
 /// measures. Progress line only, labelled `when`.
@@ -831,27 +889,13 @@ fn raw_reference(tiny: Tiny<'_>, when: &str) -> Result<()> {
         // SAFETY: no arguments (waits for the memset above, queued on the legacy stream, before
         // the capture's stream uses the buffer).
         cuda_mem::check(unsafe { sys::cudaDeviceSynchronize() }, || "sync".into())?;
-        let mode = sys::cudaStreamCaptureMode::cudaStreamCaptureModeThreadLocal;
-        // SAFETY: a live stream of this function's own.
-        cuda_mem::check(unsafe { sys::cudaStreamBeginCapture(rs, mode) }, || {
-            "cudaStreamBeginCapture".into()
+        let exec = RawExec::capture(rs, || {
+            for _ in 0..100 {
+                // SAFETY: the N words allocated above, freed below after the replays.
+                unsafe { tiny.launch(e.cast(), &s)? };
+            }
+            Ok(())
         })?;
-        let mut queued = Ok(());
-        for _ in 0..100 {
-            // SAFETY: the N words allocated above, alive until freed below after the replays.
-            queued = queued.and_then(|()| unsafe { tiny.launch(e.cast(), &s) });
-        }
-        let mut graph = std::ptr::null_mut();
-        // SAFETY: the capture begun above; a valid out-pointer.
-        let ended = unsafe { sys::cudaStreamEndCapture(rs, &mut graph) };
-        queued?;
-        cuda_mem::check(ended, || "cudaStreamEndCapture".into())?;
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: a live graph; a valid out-pointer.
-        let made = unsafe { sys::cudaGraphInstantiate(&mut exec, graph, 0) };
-        // SAFETY: the graph, no longer needed once instantiated (or not).
-        unsafe { sys::cudaGraphDestroy(graph) };
-        cuda_mem::check(made, || "cudaGraphInstantiate".into())?;
         let mut t = Times::default();
         let mut gpu = Vec::new();
         let (a, b) = (Event::timing()?, Event::timing()?);
@@ -861,9 +905,8 @@ fn raw_reference(tiny: Tiny<'_>, when: &str) -> Result<()> {
                     r,
                     || {
                         a.record(&s)?;
-                        // SAFETY: live handles; each replay is waited for before the next.
-                        let code = unsafe { sys::cudaGraphLaunch(exec, rs) };
-                        cuda_mem::check(code, || "cudaGraphLaunch".into())?;
+                        // SAFETY: each replay is waited for before the next.
+                        unsafe { exec.launch(rs)? };
                         b.record(&s)
                     },
                     || s.synchronize(),
@@ -874,9 +917,9 @@ fn raw_reference(tiny: Tiny<'_>, when: &str) -> Result<()> {
             }
             Ok(())
         })();
+        // (Its launches waited for before it is destroyed.)
         let _ = s.synchronize();
-        // SAFETY: its launches were waited for above; never used again.
-        unsafe { sys::cudaGraphExecDestroy(exec) };
+        drop(exec);
         timed.map(|()| {
             let (h, e) = t.medians_us();
             (h, e, median(&gpu))

@@ -33,8 +33,8 @@ use cuda_mem::{
 };
 
 use super::{
-    cu, first_wrong, names, ours_kernels, ours_mixed, read_image, refused, Cu, Loaded, Times, ALL,
-    N,
+    cu, first_wrong, names, ours_kernels, ours_mixed, read_image, refused, Cu, Loaded, RawExec,
+    Times, ALL, N,
 };
 use crate::bench::progress;
 use crate::results::{BenchResults, Check, HostRow, KindError};
@@ -307,28 +307,13 @@ fn raw_side(
         ck(code, "cudaStreamSynchronize")
     };
     let eager = phase(round, sync)?;
-    let mode = sys::cudaStreamCaptureMode::cudaStreamCaptureModeThreadLocal;
-    // SAFETY: the stream is idle (synchronized) and not capturing.
-    let begun = unsafe { sys::cudaStreamBeginCapture(rs, mode) };
-    ck(begun, "cudaStreamBeginCapture")?;
-    let queued = round();
-    let mut g = std::ptr::null_mut();
-    // SAFETY: the capture begun above; a valid out-pointer.
-    let ended = unsafe { sys::cudaStreamEndCapture(rs, &mut g) };
-    queued?;
-    ck(ended, "cudaStreamEndCapture")?;
-    let mut x = std::ptr::null_mut();
-    // SAFETY: a live graph and valid out-pointers; the graph is destroyed once instantiated,
-    // the executable graph after its replays (each waited for).
-    let graph = unsafe {
-        let made = sys::cudaGraphInstantiate(&mut x, g, 0);
-        sys::cudaGraphDestroy(g);
-        ck(made, "cudaGraphInstantiate")?;
-        ck(sys::cudaGraphUpload(x, rs), "cudaGraphUpload")?;
-        let t = phase(|| ck(sys::cudaGraphLaunch(x, rs), "cudaGraphLaunch"), sync);
-        sys::cudaGraphExecDestroy(x);
-        t?
-    };
+    // (The stream is idle, synchronized, and not capturing.)
+    let exec = RawExec::capture(rs, round)?;
+    exec.upload(rs)?;
+    // SAFETY: the buffers are freed below, after every replay was waited for.
+    let graph = phase(|| unsafe { exec.launch(rs) }, sync);
+    drop(exec);
+    let graph = graph?;
     let mut out = vec![0u32; N];
     // SAFETY: N words into `out`; every use of the buffers was waited for, then they are freed.
     unsafe {
