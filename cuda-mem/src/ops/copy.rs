@@ -21,6 +21,7 @@ use crate::contract::size;
 use crate::error::{check, Result};
 use crate::fence::{Access, Fence};
 use crate::handles::devices::current_ordinal;
+use crate::handles::pointer::is_unregistered_host;
 use crate::handles::stream::{sync_stream, Stream};
 use crate::kinds::device::DeviceBuffer;
 
@@ -73,8 +74,8 @@ where
     // tracking it. So the host pointer is asked first (`cudaPointerGetAttributes`, a fraction
     // of the copy's cost) and only truly pageable memory takes this path.
     let pageable = match (src.loc(), dst.loc()) {
-        (Loc::Pageable, Loc::Device) => crate::handles::pointer::is_unregistered_host(s),
-        (Loc::Device, Loc::Pageable) => crate::handles::pointer::is_unregistered_host(d),
+        (Loc::Pageable, Loc::Device) => is_unregistered_host(s),
+        (Loc::Device, Loc::Pageable) => is_unregistered_host(d),
         _ => false,
     };
     // SAFETY: `Plan::new` checked that both ranges lie inside live allocations; `dst` is
