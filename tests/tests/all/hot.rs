@@ -3,7 +3,7 @@
 //! slow kernel (`cm_spin`), so that its work is certainly still pending when the fast-path
 //! candidate is queued, and checks the data that lands.
 
-use cuda_mem::{copy_range_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Stream};
+use cuda_mem::{copy_range_async, DeviceBuffer, HostAllocFlags, PinnedBuffer};
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{gpu_or_skip, still_pending};
 
@@ -36,10 +36,7 @@ fn a_fast_write_is_not_let_past_another_streams_pending_write_by_a_hull() {
     let ha = PinnedBuffer::from_slice(&pa, HostAllocFlags::DEFAULT).unwrap();
     let hb = PinnedBuffer::from_slice(&pb, HostAllocFlags::DEFAULT).unwrap();
     let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
-    let (a, b) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [a, b] = crate::streams();
     probes.spin(SPIN, &b).unwrap();
     copy_range_async(&mut dev, 10 * BLK, &hb, 10 * BLK, BLK, &b).unwrap();
     for blk in [0, 2, 4, 6, 12, 10] {
@@ -74,10 +71,7 @@ fn an_old_wait_does_not_let_a_fast_write_past_a_new_pending_read() {
     let h2 = PinnedBuffer::from_slice(&p2, HostAllocFlags::DEFAULT).unwrap();
     let mut got = PinnedBuffer::<u32>::zeroed(n, HostAllocFlags::DEFAULT).unwrap();
     let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
-    let (a, b) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [a, b] = crate::streams();
     copy_range_async(&mut got, 10 * BLK, &dev, 10 * BLK, BLK, &b).unwrap();
     copy_range_async(&mut dev, 10 * BLK, &h1, 10 * BLK, BLK, &a).unwrap();
     probes.spin(SPIN, &b).unwrap();
@@ -114,10 +108,7 @@ fn fast_writes_beside_a_waited_reader_are_seen_by_its_next_read() {
         .collect();
     let mut got = PinnedBuffer::<u32>::zeroed(n, HostAllocFlags::DEFAULT).unwrap();
     let mut dev = DeviceBuffer::<u32>::zeroed(n).unwrap();
-    let (a, b) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [a, b] = crate::streams();
     copy_range_async(&mut got, 0, &dev, 0, n, &b).unwrap();
     copy_range_async(&mut dev, 0, &hosts[0], 0, n, &a).unwrap();
     copy_range_async(&mut dev, 0, &hosts[1], 0, n, &a).unwrap();

@@ -49,6 +49,11 @@ pub const SPIN: u64 = 300_000_000;
 /// A call that returns within this did not wait for a stream held for [`SPIN`].
 pub const QUICK: Duration = Duration::from_millis(50);
 
+/// `K` non-blocking streams (panics, as a test does, where one cannot be made).
+pub fn streams<const K: usize>() -> [cuda_mem::Stream; K] {
+    std::array::from_fn(|_| cuda_mem::Stream::non_blocking().unwrap())
+}
+
 /// A pattern that differs per element and per `seed`, so stale data never matches.
 pub fn pattern(len: usize, seed: u32) -> Vec<u32> {
     (0..len as u32)

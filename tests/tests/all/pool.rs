@@ -106,10 +106,7 @@ fn dropping_a_pooled_buffer_does_not_wait_for_a_busy_stream() {
     let dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
     let pool = MemPool::new(dev).unwrap();
-    let (a, busy) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [a, busy] = crate::streams();
     for alloc_stream in [&a, &Stream::legacy_default()] {
         let mut buf = DeviceBuffer::<u32>::from_pool(&pool, 1 << 20, alloc_stream).unwrap();
         buf.memset_async(7, alloc_stream).unwrap();
@@ -142,10 +139,7 @@ fn the_free_waits_on_the_device_for_work_on_other_streams() {
     let data = pattern(n, 21);
     let src = pinned(&data);
     let mut out = pinned(&vec![0; n]);
-    let (a, b) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [a, b] = crate::streams();
     let mut x = DeviceBuffer::<u32>::from_pool(&pool, n, &a).unwrap();
     copy_async(&mut x, &src, &a).unwrap();
     probes.spin(SPIN, &b).unwrap();
@@ -181,10 +175,7 @@ fn stream_ordered_reuse_does_not_corrupt_data() {
     let rounds = 12;
     let srcs: Vec<_> = (0..rounds).map(|i| pinned(&pattern(n, 100 + i))).collect();
     let mut outs: Vec<_> = (0..rounds).map(|_| pinned(&vec![0; n])).collect();
-    let (a, b) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [a, b] = crate::streams();
     probes.spin(SPIN / 3, &b).unwrap();
     let mut addrs = Vec::new();
     for (src, out) in srcs.iter().zip(&mut outs) {

@@ -2,7 +2,7 @@
 //! checks of what the loom model checks on the bookkeeping. GPU-only (SKIP without one); each
 //! asserts data, and fails if the fast path let work past a conflict it must wait for.
 
-use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer, Stream};
+use cuda_mem::{copy_async, DeviceBuffer, HostAllocFlags, PinnedBuffer};
 use cuda_mem_probes::Probes;
 use cuda_mem_tests::{gpu_or_skip, still_pending};
 
@@ -20,10 +20,7 @@ const N: usize = 1 << 16;
 fn review5_a_fast_write_beside_a_waited_reader_is_seen_by_that_reader() {
     let _dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
-    let (sa, sb) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [sa, sb] = crate::streams();
     let first = PinnedBuffer::from_slice(&pattern(N, 51), HostAllocFlags::DEFAULT).unwrap();
     let second_data = pattern(N, 52);
     let second = PinnedBuffer::from_slice(&second_data, HostAllocFlags::DEFAULT).unwrap();

@@ -262,11 +262,7 @@ fn review6_a_launcher_on_the_per_thread_stream_is_waited_for_and_refused_elsewhe
 fn review6_a_launcher_is_ordered_after_writes_pending_at_its_making() {
     let _dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
-    let (s, w, l) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [s, w, l] = crate::streams();
     let (db, da) = (pattern(N, 63), pattern(N, 64));
     let hb = PinnedBuffer::from_slice(&db, HostAllocFlags::DEFAULT).unwrap();
     let ha = PinnedBuffer::from_slice(&da, HostAllocFlags::DEFAULT).unwrap();
@@ -319,11 +315,7 @@ fn review6_a_launcher_is_ordered_after_writes_pending_at_its_making() {
 fn review6_a_launcher_orders_every_buffer_of_duplicated_and_nested_resources() {
     let _dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
-    let (s, w, l) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [s, w, l] = crate::streams();
     let (data, junk) = (pattern(N, 65), pattern(N, 66));
     let hd = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
     let hj = PinnedBuffer::from_slice(&junk, HostAllocFlags::DEFAULT).unwrap();
@@ -370,11 +362,7 @@ fn review6_a_pooled_resource_freed_after_a_forgotten_launcher_is_not_reused_unde
     let dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
     let pool = MemPool::new(dev).unwrap();
-    let (s, sa, l) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [s, sa, l] = crate::streams();
     let (data, fresh) = (pattern(N, 67), pattern(N, 68));
     let h = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
     let hf = PinnedBuffer::from_slice(&fresh, HostAllocFlags::DEFAULT).unwrap();
@@ -416,10 +404,7 @@ fn review6_graph_memory_replays_through_launchers() {
     let dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
     let pool = MemPool::new(dev).unwrap();
-    let (s, l) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [s, l] = crate::streams();
     let mut h = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
     let mut out = PinnedBuffer::<u32>::zeroed(N, HostAllocFlags::DEFAULT).unwrap();
     let mut exec = s
@@ -733,10 +718,7 @@ fn review6_uploads_racing_capture_begins_never_land_in_them() {
 fn review6_launches_racing_a_join_of_their_stream_into_a_capture_never_land_in_it() {
     let _dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
-    let (s, c) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [s, c] = crate::streams();
     let mut a = DeviceBuffer::<u32>::zeroed(NB).unwrap();
     let mut x = DeviceBuffer::<u32>::uninit(NB).unwrap();
     let mut y = DeviceBuffer::<u32>::uninit(NB).unwrap();
@@ -768,10 +750,7 @@ fn review6_launches_racing_a_join_of_their_stream_into_a_capture_never_land_in_i
 fn review6_guarded_kernels_racing_a_join_of_their_stream_into_a_capture_never_land_in_it() {
     let _dev = gpu_or_skip!();
     let probes = Probes::load().unwrap();
-    let (s, c) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [s, c] = crate::streams();
     let mut z = DeviceBuffer::<u32>::zeroed(NB).unwrap();
     let mut x = DeviceBuffer::<u32>::uninit(NB).unwrap();
     let mut y = DeviceBuffer::<u32>::uninit(NB).unwrap();

@@ -232,10 +232,7 @@ fn work_through_the_guards_is_ordered_after_other_streams() {
     let n = 16 << 20;
     let bytes = n * 4;
     let data = pattern(n, 9);
-    let (sa, sb) = (
-        Stream::non_blocking().unwrap(),
-        Stream::non_blocking().unwrap(),
-    );
+    let [sa, sb] = crate::streams();
 
     // Read after write: d <- src on A (held), then e <- d on B through the guards.
     let src = PinnedBuffer::from_slice(&data, HostAllocFlags::DEFAULT).unwrap();
