@@ -727,6 +727,35 @@ mod tests {
     }
 
     #[test]
+    fn a_reference_that_is_not_a_file_is_refused_before_any_process() {
+        let mut res = crate::results::sample::results();
+        let rows = res.processes.len();
+        let e = run(&mut res, None, Some(Path::new("/nonexistent/graphs")), 1).unwrap_err();
+        assert_eq!(
+            e.misuse(),
+            Some(&cuda_mem::Misuse::InvalidArgument {
+                op: "bench graphs",
+                reason: "--graphs-reference /nonexistent/graphs: not a file (build it: nvcc -O2 \
+                         -arch=sm_90 -o graphs graphs.cu, in shared/refbench)"
+                    .into()
+            })
+        );
+        assert_eq!(res.processes.len(), rows, "rows were added");
+    }
+
+    #[test]
+    fn a_child_spec_that_names_no_side_or_sequence_is_refused() {
+        for spec in ["cpp:k", "raw:x", "raw", "launcher:"] {
+            let e = child(spec, None).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("{CHILD}={spec}: expected SIDE:k or SIDE:m"),
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
     fn sides_round_trip_through_their_spec() {
         for side in Side::RUST {
             assert_eq!(Side::from_spec(side.spec().unwrap()), Some(side));
